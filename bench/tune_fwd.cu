@@ -1,0 +1,162 @@
+// tune_fwd: times forward-kernel tile configs against each other on the
+// FlashAttention benchmark grid (hidden 2048, 16k tokens), in one process.
+//
+// flashcute is header-only, so any FwdConfig can be instantiated here without
+// touching the library build. Build (here or on the GPU machine):
+//   nvcc -std=c++20 -O3 -arch=sm_90 --expt-relaxed-constexpr --use_fast_math \
+//        -Iinclude -Ithird_party/cutlass/include -DTUNE_HDIM=128 bench/tune_fwd.cu -o tune128
+// Each config's output is compared with the default config's (max |diff|), so a
+// broken variant shows up as a large difference, not as a fast time.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "flashcute/launch.hpp"
+
+#ifndef TUNE_HDIM
+#define TUNE_HDIM 128
+#endif
+
+#define CHECK_CUDA(expr)                                                                        \
+  do {                                                                                          \
+    cudaError_t err_ = (expr);                                                                  \
+    if (err_ != cudaSuccess) {                                                                  \
+      std::fprintf(stderr, "%s failed: %s (%s:%d)\n", #expr, cudaGetErrorString(err_), __FILE__, __LINE__); \
+      std::exit(1);                                                                             \
+    }                                                                                           \
+  } while (0)
+
+using flashcute::DType;
+using flashcute::FwdConfig;
+using flashcute::FwdParams;
+using Element = cutlass::bfloat16_t;
+
+__global__ void fill_random(Element* x, size_t n, unsigned seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    unsigned h = unsigned(i) * 2654435761u ^ seed;
+    h ^= h >> 13; h *= 0x5bd1e995u; h ^= h >> 15;
+    x[i] = Element(float(h & 0xffff) / 32768.f - 1.f);  // uniform in [-1, 1)
+  }
+}
+
+__global__ void max_abs_diff(const Element* a, const Element* b, size_t n, float* out) {
+  float m = 0.f;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    float d = fabsf(float(a[i]) - float(b[i]));
+    m = (d != d) ? INFINITY : fmaxf(m, d);
+  }
+  atomicMax(reinterpret_cast<int*>(out), __float_as_int(m));  // non-negative floats order as ints
+}
+
+struct Problem {
+  int batch, seqlen, nheads, head_dim;
+  bool causal;
+};
+
+FwdParams make_params(const Problem& pr, Element* q, Element* k, Element* v, Element* o) {
+  FwdParams p;
+  p.q = q; p.k = k; p.v = v; p.o = o;
+  const int64_t row = int64_t(pr.nheads) * pr.head_dim, batch = row * pr.seqlen;
+  p.q_batch_stride = p.k_batch_stride = p.v_batch_stride = p.o_batch_stride = batch;
+  p.q_row_stride = p.k_row_stride = p.v_row_stride = p.o_row_stride = row;
+  p.q_head_stride = p.k_head_stride = p.v_head_stride = p.o_head_stride = pr.head_dim;
+  p.batch = pr.batch; p.seqlen_q = p.seqlen_k = pr.seqlen; p.nheads = p.nheads_k = pr.nheads; p.head_dim = pr.head_dim;
+  p.softmax_scale = 1.f / sqrtf(float(pr.head_dim));
+  p.causal = pr.causal; p.window_left = -1; p.window_right = pr.causal ? 0 : -1;
+  p.dtype = DType::kBFloat16;
+  return p;
+}
+
+template <FwdConfig kCfg>
+float time_config(const FwdParams& p, int iters) {
+  using Traits = flashcute::FwdTraits<DType::kBFloat16, kCfg>;
+  for (int i = 0; i < 3; ++i) {
+    auto st = flashcute::launch_fwd_with<Traits>(p, nullptr);
+    if (!st.ok()) { std::fprintf(stderr, "launch failed: %s\n", st.message); std::exit(1); }
+  }
+  std::vector<float> ms(iters);
+  cudaEvent_t a, b;
+  CHECK_CUDA(cudaEventCreate(&a));
+  CHECK_CUDA(cudaEventCreate(&b));
+  for (int i = 0; i < iters; ++i) {
+    CHECK_CUDA(cudaEventRecord(a));
+    (void)flashcute::launch_fwd_with<Traits>(p, nullptr);
+    CHECK_CUDA(cudaEventRecord(b));
+    CHECK_CUDA(cudaEventSynchronize(b));
+    CHECK_CUDA(cudaEventElapsedTime(&ms[i], a, b));
+  }
+  CHECK_CUDA(cudaGetLastError());
+  CHECK_CUDA(cudaEventDestroy(a));
+  CHECK_CUDA(cudaEventDestroy(b));
+  std::sort(ms.begin(), ms.end());
+  return ms[iters / 2];
+}
+
+template <FwdConfig kCfg>
+void run_one(const Problem& pr, const FwdParams& p, Element* o, Element* o_ref, size_t n, float* d_diff) {
+  FwdParams pc = p;
+  pc.o = o;
+  const float ms = time_config<kCfg>(pc, 20);
+  CHECK_CUDA(cudaMemset(d_diff, 0, sizeof(float)));
+  max_abs_diff<<<264, 256>>>(o, o_ref, n, d_diff);
+  float diff = 0.f;
+  CHECK_CUDA(cudaMemcpy(&diff, d_diff, sizeof(float), cudaMemcpyDeviceToHost));
+  const double flops = 4.0 * pr.batch * pr.nheads * double(pr.seqlen) * pr.seqlen * pr.head_dim / (pr.causal ? 2 : 1);
+  std::printf("d=%3d causal=%d S=%5d  cfg(M=%3d,N=%3d,W=%d,occ=%d)  %8.3f ms  %6.1f TFLOP/s  maxdiff %.3g\n",
+              pr.head_dim, pr.causal, pr.seqlen, kCfg.block_m, kCfg.block_n, kCfg.num_warps, kCfg.min_ctas_per_sm, ms,
+              flops / ms * 1e-9, diff);
+}
+
+template <FwdConfig... kCfgs>
+void sweep(int seqlen, bool causal) {
+  constexpr int d = TUNE_HDIM;
+  Problem pr{16384 / seqlen, seqlen, 2048 / d, d, causal};
+  const size_t n = size_t(pr.batch) * pr.seqlen * pr.nheads * d;
+  Element *q, *k, *v, *o, *o_ref;
+  float* d_diff;
+  CHECK_CUDA(cudaMalloc(&q, n * sizeof(Element)));
+  CHECK_CUDA(cudaMalloc(&k, n * sizeof(Element)));
+  CHECK_CUDA(cudaMalloc(&v, n * sizeof(Element)));
+  CHECK_CUDA(cudaMalloc(&o, n * sizeof(Element)));
+  CHECK_CUDA(cudaMalloc(&o_ref, n * sizeof(Element)));
+  CHECK_CUDA(cudaMalloc(&d_diff, sizeof(float)));
+  fill_random<<<264, 256>>>(q, n, 1u);
+  fill_random<<<264, 256>>>(k, n, 2u);
+  fill_random<<<264, 256>>>(v, n, 3u);
+  CHECK_CUDA(cudaGetLastError());
+  FwdParams p = make_params(pr, q, k, v, o_ref);
+  auto st = flashcute::launch_fwd<DType::kBFloat16, d>(p, nullptr);
+  if (!st.ok()) { std::fprintf(stderr, "reference launch failed: %s\n", st.message); std::exit(1); }
+  CHECK_CUDA(cudaDeviceSynchronize());
+  (run_one<kCfgs>(pr, p, o, o_ref, n, d_diff), ...);
+  for (Element* ptr : {q, k, v, o, o_ref}) CHECK_CUDA(cudaFree(ptr));
+  CHECK_CUDA(cudaFree(d_diff));
+}
+
+int main(int argc, char** argv) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    std::fprintf(stderr, "tune_fwd: no CUDA device\n");
+    return 77;
+  }
+  std::vector<int> seqlens = {512, 1024, 4096, 16384};
+  if (argc > 1) {
+    seqlens.clear();
+    for (int i = 1; i < argc; ++i) seqlens.push_back(std::atoi(argv[i]));
+  }
+  for (bool causal : {false, true}) {
+    for (int s : seqlens) {
+#if TUNE_HDIM == 64
+      sweep<FwdConfig{64, 128, 128, 4}, FwdConfig{64, 128, 64, 4}, FwdConfig{64, 128, 128, 8}, FwdConfig{64, 64, 128, 4},
+            FwdConfig{64, 128, 128, 8, 2}>(s, causal);
+#elif TUNE_HDIM == 128
+      sweep<FwdConfig{128, 128, 64, 4}, FwdConfig{128, 128, 64, 8}, FwdConfig{128, 64, 64, 4}, FwdConfig{128, 128, 32, 4},
+            FwdConfig{128, 128, 128, 8}, FwdConfig{128, 128, 64, 8, 2}>(s, causal);
+#else
+      sweep<FwdConfig{256, 128, 64, 8}, FwdConfig{256, 64, 64, 4}, FwdConfig{256, 128, 32, 8}, FwdConfig{256, 64, 32, 4}>(s, causal);
+#endif
+    }
+  }
+  return 0;
+}

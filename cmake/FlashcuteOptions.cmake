@@ -1,0 +1,92 @@
+# Build options: which GPU architectures, kernel head dims and dtypes get compiled.
+#
+# Each list option takes ";" or "," as separator ("64,128" survives shells, pip's
+# config settings and SKBUILD_CMAKE_DEFINE, where ";" is a separator of its own).
+# After this file:
+#   FLASHCUTE_ARCH_LIST, FLASHCUTE_HEAD_DIM_LIST, FLASHCUTE_DTYPE_LIST  the parsed lists
+#   FLASHCUTE_ENABLE_DEFINITIONS  FLASHCUTE_ENABLE_HDIM<d>=0|1 and FLASHCUTE_ENABLE_{FP16,BF16}=0|1
+#   CMAKE_CUDA_ARCHITECTURES      SASS for every arch, PTX for the newest one
+
+set(FLASHCUTE_CUDA_ARCHS "80;90" CACHE STRING
+    "Compute capabilities to build kernels for, 80 or newer (SASS for each, PTX for the newest)")
+set(FLASHCUTE_HEAD_DIMS "32;64;96;128;192;256" CACHE STRING
+    "Kernel head dims to build, from 32;64;96;128;192;256 (a head dim runs on the next one built)")
+set(FLASHCUTE_DTYPES "fp16;bf16" CACHE STRING "Element types to build: fp16, bf16 or both")
+if(SKBUILD)
+  set(_flashcute_python_default ON)
+else()
+  set(_flashcute_python_default OFF)
+endif()
+option(FLASHCUTE_BUILD_PYTHON "Build the Python extension flashcute._C" ${_flashcute_python_default})
+option(FLASHCUTE_BUILD_TESTS "Build the C++ tests and register them with ctest" OFF)
+option(FLASHCUTE_PTXAS_VERBOSE "Print each kernel's register and shared-memory use (-Xptxas -v)" OFF)
+
+# _flashcute_parse_list(<option> <out-var>): splits on ";" or ",", strips blanks, drops duplicates.
+function(_flashcute_parse_list option out_var)
+  string(REPLACE "," ";" items "${${option}}")
+  list(TRANSFORM items STRIP)
+  list(REMOVE_ITEM items "")
+  list(REMOVE_DUPLICATES items)
+  if(NOT items)
+    message(FATAL_ERROR "${option} is empty: name at least one value.")
+  endif()
+  set(${out_var} "${items}" PARENT_SCOPE)
+endfunction()
+
+# --- head dims -----------------------------------------------------------------------
+set(_flashcute_all_head_dims 32 64 96 128 192 256)  # kKernelHeadDims in include/flashcute/config.hpp
+_flashcute_parse_list(FLASHCUTE_HEAD_DIMS FLASHCUTE_HEAD_DIM_LIST)
+foreach(d IN LISTS FLASHCUTE_HEAD_DIM_LIST)
+  if(NOT d IN_LIST _flashcute_all_head_dims)
+    message(FATAL_ERROR "FLASHCUTE_HEAD_DIMS: '${d}' is not a kernel head dim. Choose from "
+                        "${_flashcute_all_head_dims}; other head dims (multiples of 8) run on the next one up.")
+  endif()
+endforeach()
+list(SORT FLASHCUTE_HEAD_DIM_LIST COMPARE NATURAL)
+
+# --- dtypes --------------------------------------------------------------------------
+_flashcute_parse_list(FLASHCUTE_DTYPES FLASHCUTE_DTYPE_LIST)
+list(TRANSFORM FLASHCUTE_DTYPE_LIST TOLOWER)
+foreach(t IN LISTS FLASHCUTE_DTYPE_LIST)
+  if(NOT t MATCHES "^(fp16|bf16)$")
+    message(FATAL_ERROR "FLASHCUTE_DTYPES: '${t}' is not supported. Choose from fp16, bf16.")
+  endif()
+endforeach()
+
+# --- architectures -------------------------------------------------------------------
+_flashcute_parse_list(FLASHCUTE_CUDA_ARCHS FLASHCUTE_ARCH_LIST)
+foreach(a IN LISTS FLASHCUTE_ARCH_LIST)
+  if(NOT a MATCHES "^([0-9]+)[af]?$" OR CMAKE_MATCH_1 LESS 80)
+    message(FATAL_ERROR "FLASHCUTE_CUDA_ARCHS: '${a}' is not a compute capability of 80 or more "
+                        "(e.g. 80 for A100, 86 for RTX 30xx, 89 for L4/L40, 90 for H100/H200). "
+                        "'native' and 'all' are not accepted: name the GPUs to build for.")
+  endif()
+endforeach()
+list(SORT FLASHCUTE_ARCH_LIST COMPARE NATURAL)
+# SASS for each architecture; the newest also gets PTX, which newer GPUs JIT-compile.
+set(CMAKE_CUDA_ARCHITECTURES "${FLASHCUTE_ARCH_LIST}")
+list(TRANSFORM CMAKE_CUDA_ARCHITECTURES APPEND "-real")
+list(POP_BACK CMAKE_CUDA_ARCHITECTURES)
+list(GET FLASHCUTE_ARCH_LIST -1 _flashcute_newest_arch)
+list(APPEND CMAKE_CUDA_ARCHITECTURES "${_flashcute_newest_arch}")
+
+# --- compile definitions every TU that includes flashcute/api.hpp must share ----------
+set(FLASHCUTE_ENABLE_DEFINITIONS "")
+foreach(d IN LISTS _flashcute_all_head_dims)
+  if(d IN_LIST FLASHCUTE_HEAD_DIM_LIST)
+    list(APPEND FLASHCUTE_ENABLE_DEFINITIONS "FLASHCUTE_ENABLE_HDIM${d}=1")
+  else()
+    list(APPEND FLASHCUTE_ENABLE_DEFINITIONS "FLASHCUTE_ENABLE_HDIM${d}=0")
+  endif()
+endforeach()
+foreach(t IN ITEMS fp16 bf16)
+  string(TOUPPER "${t}" _flashcute_t)
+  if(t IN_LIST FLASHCUTE_DTYPE_LIST)
+    list(APPEND FLASHCUTE_ENABLE_DEFINITIONS "FLASHCUTE_ENABLE_${_flashcute_t}=1")
+  else()
+    list(APPEND FLASHCUTE_ENABLE_DEFINITIONS "FLASHCUTE_ENABLE_${_flashcute_t}=0")
+  endif()
+endforeach()
+
+message(STATUS "flashcute: archs ${FLASHCUTE_ARCH_LIST} (CUDA_ARCHITECTURES ${CMAKE_CUDA_ARCHITECTURES}), "
+               "head dims ${FLASHCUTE_HEAD_DIM_LIST}, dtypes ${FLASHCUTE_DTYPE_LIST}")

@@ -1,0 +1,74 @@
+// flashcute/config.hpp: the static kernel configuration.
+//
+// A forward kernel is fully described by one FwdConfig value, which is used
+// directly as a template argument (C++20 structural type). validate() lists the
+// rules every config must follow; a bad config fails to compile with the rule's
+// message instead of producing a kernel that silently misbehaves.
+#pragma once
+
+namespace flashcute {
+
+// The head dims that have kernels. Any other head dim (a multiple of 8, <= 256)
+// runs on the next one up, with the extra columns predicated off.
+inline constexpr int kKernelHeadDims[] = {32, 64, 96, 128, 192, 256};
+inline constexpr int kMaxHeadDim = 256;
+
+struct FwdConfig {
+  int head_dim;   // columns of Q/K/V tiles held in shared memory
+  int block_m;    // query rows per CTA
+  int block_n;    // key rows per main-loop step
+  int num_warps;  // each warp owns block_m / num_warps query rows
+  int min_ctas_per_sm = 1;  // __launch_bounds__ occupancy hint
+
+  constexpr int num_threads() const { return num_warps * 32; }
+  constexpr int rows_per_warp() const { return block_m / num_warps; }
+  // Shared memory row atom: 64 halves (128 B) when the head dim allows, else 32 (64 B).
+  constexpr int smem_atom_cols() const { return head_dim % 64 == 0 ? 64 : 32; }
+  // Bytes of dynamic shared memory: Q tile, plus one K and one V tile.
+  constexpr int smem_bytes(int element_bytes = 2) const {
+    return (block_m + 2 * block_n) * head_dim * element_bytes;
+  }
+};
+
+// Returns nullptr when cfg is valid, otherwise the first violated rule.
+constexpr const char* validate(FwdConfig cfg) {
+  if (cfg.head_dim % 32 != 0 || cfg.head_dim > kMaxHeadDim) return "head_dim must be a multiple of 32, at most 256";
+  if (cfg.num_warps != 4 && cfg.num_warps != 8) return "num_warps must be 4 or 8";
+  if (cfg.block_m % (16 * cfg.num_warps) != 0) return "block_m must be a multiple of 16 * num_warps (one m16 MMA row block per warp)";
+  if (cfg.block_n % 16 != 0 || cfg.block_n < 32) return "block_n must be a multiple of 16, at least 32";
+  if (cfg.smem_bytes() > 227 * 1024) return "tiles exceed the 227 KB shared-memory limit";
+  // The cp.async loader moves 16 B per thread per step; one step must cover whole rows.
+  if ((cfg.num_threads() * 8) % cfg.smem_atom_cols() != 0) return "loader threads must tile a shared-memory row atom";
+  if (cfg.block_n % (cfg.num_threads() * 8 / cfg.smem_atom_cols()) != 0) return "block_n must be a multiple of the loader's rows per step";
+  if (cfg.block_m % (cfg.num_threads() * 8 / cfg.smem_atom_cols()) != 0) return "block_m must be a multiple of the loader's rows per step";
+  return nullptr;
+}
+
+// The tile shape flashcute uses for each kernel head dim.
+constexpr FwdConfig default_fwd_config(int head_dim) {
+  switch (head_dim) {
+    case 32:  return {32, 128, 128, 4};
+    case 64:  return {64, 128, 128, 4};
+    case 96:  return {96, 128, 64, 4};
+    case 128: return {128, 128, 64, 4};
+    case 192: return {192, 128, 64, 8};
+    default:  return {256, 128, 64, 8};
+  }
+}
+
+// Smallest kernel head dim that can run a user head dim, or 0 if none.
+constexpr int kernel_head_dim_for(int head_dim) {
+  for (int hd : kKernelHeadDims) {
+    if (head_dim <= hd) return hd;
+  }
+  return 0;
+}
+
+static_assert(validate(default_fwd_config(32)) == nullptr);
+static_assert(validate(default_fwd_config(64)) == nullptr);
+static_assert(validate(default_fwd_config(96)) == nullptr);
+static_assert(validate(default_fwd_config(128)) == nullptr);
+static_assert(validate(default_fwd_config(192)) == nullptr);
+static_assert(validate(default_fwd_config(256)) == nullptr);
+
+}  // namespace flashcute

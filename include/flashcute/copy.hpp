@@ -1,0 +1,58 @@
+// flashcute/copy.hpp: predicated global -> shared tile loads (cp.async).
+//
+// Tiles at the ragged end of a sequence, and head dims narrower than the
+// kernel's, load only the valid 16 B chunks and zero the rest of the tile, so
+// the GEMMs can run on whole tiles: zero Q/K columns add nothing to Q*K^T, and
+// zero V rows add nothing to P*V (their P is 0 after masking, and 0 * 0 stays
+// finite where 0 * garbage could be NaN).
+#pragma once
+
+#include <cute/tensor.hpp>
+
+namespace flashcute {
+
+// src/dst: (CPY,CPY_M,CPY_K) partitions of one tile; coord: the same partition of
+// the tile's identity tensor, giving (row, col) within the tile.
+// kCheckRows: the tile may run past max_rows. Columns are always checked
+// against max_cols (the head dim), which costs a compare per chunk.
+template <bool kCheckRows, class TiledCopy, class SrcTensor, class DstTensor, class CoordTensor>
+CUTE_DEVICE void load_tile(TiledCopy const& tiled_copy, SrcTensor const& src, DstTensor&& dst, CoordTensor const& coord,
+                           int max_rows, int max_cols) {
+  CUTE_STATIC_ASSERT_V(cute::rank(src) == cute::Int<3>{});
+  CUTE_STATIC_ASSERT_V(cute::size<1>(src) == cute::size<1>(dst));
+  CUTE_STATIC_ASSERT_V(cute::size<2>(src) == cute::size<2>(dst));
+  CUTE_UNROLL
+  for (int m = 0; m < cute::size<1>(src); ++m) {
+    if (!kCheckRows || cute::get<0>(coord(0, m, 0)) < max_rows) {
+      CUTE_UNROLL
+      for (int k = 0; k < cute::size<2>(src); ++k) {
+        if (cute::get<1>(coord(0, m, k)) < max_cols) {
+          cute::copy(tiled_copy, src(cute::_, m, k), dst(cute::_, m, k));
+        } else {
+          cute::clear(dst(cute::_, m, k));
+        }
+      }
+    } else {
+      cute::clear(dst(cute::_, m, cute::_));
+    }
+  }
+}
+
+// Registers -> global, only the valid rows and columns.
+template <class TiledCopy, class SrcTensor, class DstTensor, class CoordTensor>
+CUTE_DEVICE void store_tile(TiledCopy const& tiled_copy, SrcTensor const& src, DstTensor&& dst, CoordTensor const& coord,
+                            int max_rows, int max_cols) {
+  CUTE_UNROLL
+  for (int m = 0; m < cute::size<1>(src); ++m) {
+    if (cute::get<0>(coord(0, m, 0)) < max_rows) {
+      CUTE_UNROLL
+      for (int k = 0; k < cute::size<2>(src); ++k) {
+        if (cute::get<1>(coord(0, m, k)) < max_cols) {
+          cute::copy(tiled_copy, src(cute::_, m, k), dst(cute::_, m, k));
+        }
+      }
+    }
+  }
+}
+
+}  // namespace flashcute

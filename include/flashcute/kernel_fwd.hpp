@@ -1,0 +1,215 @@
+// flashcute/kernel_fwd.hpp: the forward attention kernel.
+//
+// One CTA computes a BLK_M x D tile of O for one (batch, head): it keeps its Q
+// tile in shared memory and walks the visible K/V blocks from the last to the
+// first, so the ragged and diagonal blocks (the only ones that need masking)
+// come first. K and V each have one shared-memory buffer, and the loads overlap
+// the math: V[j] streams in during S = Q K[j]^T, and K[j-1] during the softmax
+// and O += P V[j].
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include "flashcute/copy.hpp"
+#include "flashcute/fragment.hpp"
+#include "flashcute/gemm.hpp"
+#include "flashcute/mask.hpp"
+#include "flashcute/params.hpp"
+#include "flashcute/softmax.hpp"
+#include "flashcute/traits.hpp"
+
+namespace flashcute {
+
+template <class Traits>
+__global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
+    fwd_kernel(__grid_constant__ const FwdParams params) {
+  using namespace cute;
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  using TileQ = Shape<Int<kBlockM>, Int<kHeadDim>>;
+  using TileKV = Shape<Int<kBlockN>, Int<kHeadDim>>;
+  using TileS = Shape<Int<kBlockM>, Int<kBlockN>>;
+
+  extern __shared__ __align__(128) char smem_buf[];
+
+  // Heaviest causal tiles (largest m_block) go first, so the light ones fill the tail.
+  const int m_block = int(gridDim.x) - 1 - int(blockIdx.x);
+  const int head = blockIdx.y;
+  const int batch = blockIdx.z;
+  const int head_k = head / (params.nheads / params.nheads_k);
+  const int tid = threadIdx.x;
+  const int m0 = m_block * kBlockM;
+  const int q_rows = params.seqlen_q - m0;  // valid rows of this Q tile (may exceed kBlockM)
+
+  // The key blocks any row of this tile can see: [n_block_min, n_block_max).
+  const KeyMask mask{params.seqlen_k, params.seqlen_k - params.seqlen_q, params.window_left, params.window_right};
+  const int key_lo = max(0, mask.key_begin(m0));
+  const int key_hi = mask.key_end(min(m0 + kBlockM, params.seqlen_q) - 1);
+  const int n_block_min = key_lo / kBlockN;
+  const int n_block_max = key_hi > key_lo ? ceil_div(key_hi, kBlockN) : n_block_min;  // empty: O = 0, lse = -inf
+
+  // Global memory, int64 offsets throughout.
+  auto* q_ptr = static_cast<Element const*>(params.q) + batch * params.q_batch_stride + head * params.q_head_stride;
+  auto* k_ptr = static_cast<Element const*>(params.k) + batch * params.k_batch_stride + head_k * params.k_head_stride;
+  auto* v_ptr = static_cast<Element const*>(params.v) + batch * params.v_batch_stride + head_k * params.v_head_stride;
+  auto* o_ptr = static_cast<Element*>(params.o) + batch * params.o_batch_stride + head * params.o_head_stride;
+  Tensor mQ = make_tensor(make_gmem_ptr(q_ptr), make_shape(params.seqlen_q, Int<kHeadDim>{}),
+                          make_stride(params.q_row_stride, _1{}));  // (Sq,D)
+  Tensor mK = make_tensor(make_gmem_ptr(k_ptr), make_shape(params.seqlen_k, Int<kHeadDim>{}),
+                          make_stride(params.k_row_stride, _1{}));  // (Sk,D)
+  Tensor mV = make_tensor(make_gmem_ptr(v_ptr), make_shape(params.seqlen_k, Int<kHeadDim>{}),
+                          make_stride(params.v_row_stride, _1{}));  // (Sk,D)
+  Tensor mO = make_tensor(make_gmem_ptr(o_ptr), make_shape(params.seqlen_q, Int<kHeadDim>{}),
+                          make_stride(params.o_row_stride, _1{}));  // (Sq,D)
+  Tensor gQ = local_tile(mQ, TileQ{}, make_coord(m_block, 0));  // (BLK_M,D)
+  Tensor gK = local_tile(mK, TileKV{}, make_coord(_, 0));       // (BLK_N,D,n_blocks)
+  Tensor gV = local_tile(mV, TileKV{}, make_coord(_, 0));       // (BLK_N,D,n_blocks)
+  Tensor gO = local_tile(mO, TileQ{}, make_coord(m_block, 0));  // (BLK_M,D)
+
+  // Shared memory: Q | K | V; O reuses Q's buffer at the end.
+  Tensor sQ = make_tensor(make_smem_ptr(reinterpret_cast<Element*>(smem_buf)), typename Traits::SmemLayoutQ{});  // (BLK_M,D)
+  Tensor sK = make_tensor(sQ.data() + size(sQ), typename Traits::SmemLayoutKV{});                                // (BLK_N,D)
+  Tensor sV = make_tensor(sK.data() + size(sK), typename Traits::SmemLayoutKV{});                                // (BLK_N,D)
+  Tensor sVt = make_tensor(sV.data(), typename Traits::SmemLayoutVt{});                                          // (D,BLK_N)
+  Tensor sO = make_tensor(sQ.data(), typename Traits::SmemLayoutO{});                                            // (BLK_M,D)
+
+  // Global -> shared: cp.async partitions, plus (row, col) coordinates for predication.
+  typename Traits::GmemTiledCopyQKV gmem_tiled_copy;
+  auto gmem_thr_copy = gmem_tiled_copy.get_thread_slice(tid);
+  Tensor tQgQ = gmem_thr_copy.partition_S(gQ);  // (CPY,CPY_M,CPY_K)
+  Tensor tQsQ = gmem_thr_copy.partition_D(sQ);  // (CPY,CPY_M,CPY_K)
+  Tensor tKgK = gmem_thr_copy.partition_S(gK);  // (CPY,CPY_N,CPY_K,n_blocks)
+  Tensor tKsK = gmem_thr_copy.partition_D(sK);  // (CPY,CPY_N,CPY_K)
+  Tensor tVgV = gmem_thr_copy.partition_S(gV);  // (CPY,CPY_N,CPY_K,n_blocks)
+  Tensor tVsV = gmem_thr_copy.partition_D(sV);  // (CPY,CPY_N,CPY_K)
+  Tensor cQ = make_identity_tensor(TileQ{});    // (BLK_M,D) -> (row,col)
+  Tensor cKV = make_identity_tensor(TileKV{});  // (BLK_N,D) -> (row,col)
+  Tensor tQcQ = gmem_thr_copy.partition_S(cQ);     // (CPY,CPY_M,CPY_K)
+  Tensor tKVcKV = gmem_thr_copy.partition_S(cKV);  // (CPY,CPY_N,CPY_K)
+
+  // Tensor cores: register fragments and the ldmatrix views that fill them.
+  typename Traits::TiledMma tiled_mma;
+  auto thr_mma = tiled_mma.get_thread_slice(tid);
+  Tensor tSrQ = thr_mma.partition_fragment_A(sQ);    // (MMA,MMA_M,MMA_K)
+  Tensor tSrK = thr_mma.partition_fragment_B(sK);    // (MMA,MMA_N,MMA_K)
+  Tensor tOrVt = thr_mma.partition_fragment_B(sVt);  // (MMA,MMA_D,MMA_N)
+  auto smem_copy_q = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, tiled_mma);
+  auto smem_copy_k = make_tiled_copy_B(typename Traits::SmemCopyAtom{}, tiled_mma);
+  auto smem_copy_v = make_tiled_copy_B(typename Traits::SmemCopyAtomTransposed{}, tiled_mma);
+  auto smem_thr_copy_q = smem_copy_q.get_thread_slice(tid);
+  auto smem_thr_copy_k = smem_copy_k.get_thread_slice(tid);
+  auto smem_thr_copy_v = smem_copy_v.get_thread_slice(tid);
+  Tensor tSsQ = smem_thr_copy_q.partition_S(sQ);       // (CPY,MMA_M,MMA_K)
+  Tensor tSrQ_view = smem_thr_copy_q.retile_D(tSrQ);   // (CPY,MMA_M,MMA_K)
+  Tensor tSsK = smem_thr_copy_k.partition_S(sK);       // (CPY,MMA_N,MMA_K)
+  Tensor tSrK_view = smem_thr_copy_k.retile_D(tSrK);   // (CPY,MMA_N,MMA_K)
+  Tensor tOsVt = smem_thr_copy_v.partition_S(sVt);     // (CPY,MMA_D,MMA_N)
+  Tensor tOrVt_view = smem_thr_copy_v.retile_D(tOrVt); // (CPY,MMA_D,MMA_N)
+
+  Tensor acc_o = partition_fragment_C(tiled_mma, TileQ{});  // (MMA,MMA_M,MMA_D), fp32
+  Tensor acc_o_rc = rowcol_view(acc_o);                     // ((2,MMA_M),(2,MMA_D))
+  Tensor tScS = rowcol_view(thr_mma.partition_C(make_identity_tensor(TileS{})));  // ((2,MMA_M),(2,MMA_N)) -> (row,col)
+  clear(acc_o);
+
+  CUTE_STATIC_ASSERT_V(size<1>(tSrQ) == size<1>(acc_o));            // both cover this warp's rows
+  CUTE_STATIC_ASSERT_V(size<2>(tSrQ) == Int<kHeadDim / 16>{});       // k16 slices of the head dim
+  CUTE_STATIC_ASSERT_V(size<2>(tOrVt) == Int<kBlockN / 16>{});       // k16 slices of a key block
+
+  // Prologue: Q and the last (possibly ragged) K block.
+  load_tile<true>(gmem_tiled_copy, tQgQ, tQsQ, tQcQ, q_rows, params.head_dim);
+  if (n_block_max > n_block_min) {
+    const int n0 = (n_block_max - 1) * kBlockN;
+    load_tile<true>(gmem_tiled_copy, tKgK(_, _, _, n_block_max - 1), tKsK, tKVcKV, params.seqlen_k - n0, params.head_dim);
+  }
+  cp_async_fence();
+
+  // Softcap: scores = softcap * tanh(s * scale / softcap); the softmax then scales by softcap.
+  const bool use_softcap = params.softcap > 0.f;
+  const float softcap_prescale = use_softcap ? params.softmax_scale / params.softcap : 0.f;
+  constexpr float kLog2e = 1.4426950408889634f;
+  OnlineSoftmax<decltype(size<0>(acc_o_rc))::value> softmax((use_softcap ? params.softcap : params.softmax_scale) * kLog2e);
+
+  // Main loop, last key block first.
+  for (int n_block = n_block_max - 1; n_block >= n_block_min; --n_block) {
+    const int n0 = n_block * kBlockN;
+    Tensor acc_s = partition_fragment_C(tiled_mma, TileS{});  // (MMA,MMA_M,MMA_N), fp32
+    clear(acc_s);
+
+    cp_async_wait<0>();
+    // K[n_block] (and, first time, Q) has landed for every thread; and every warp has
+    // finished the previous P V, so sV is free to refill.
+    __syncthreads();
+    if (n0 + kBlockN > params.seqlen_k) {
+      load_tile<true>(gmem_tiled_copy, tVgV(_, _, _, n_block), tVsV, tKVcKV, params.seqlen_k - n0, params.head_dim);
+    } else {
+      load_tile<false>(gmem_tiled_copy, tVgV(_, _, _, n_block), tVsV, tKVcKV, kBlockN, params.head_dim);
+    }
+    cp_async_fence();
+
+    // S = Q K^T
+    gemm_ss(tiled_mma, acc_s, tSrQ, tSrK, tSsQ, tSsK, tSrQ_view, tSrK_view, smem_copy_q, smem_copy_k);
+    if (use_softcap) {
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc_s); ++i) acc_s(i) = tanhf(acc_s(i) * softcap_prescale);
+    }
+    Tensor scores = rowcol_view(acc_s);  // ((2,MMA_M),(2,MMA_N))
+    if (mask.tile_needs_mask(m0, kBlockM, n0, kBlockN)) mask.apply(scores, tScS, m0, n0);
+
+    cp_async_wait<0>();
+    // V[n_block] has landed for every thread; and every warp has finished Q K^T, so
+    // sK is free for the next block's keys.
+    __syncthreads();
+    if (n_block > n_block_min) {  // only the last block can be ragged, and it was loaded first
+      load_tile<false>(gmem_tiled_copy, tKgK(_, _, _, n_block - 1), tKsK, tKVcKV, kBlockN, params.head_dim);
+    }
+    cp_async_fence();
+
+    // P = exp(S - max), O = O * rescale + P V
+    softmax.update(scores, acc_o_rc);
+    Tensor rP = convert_fragment<Element>(acc_s);                    // (MMA,MMA_M,MMA_N)
+    Tensor tOrP = make_tensor(rP.data(), acc_to_a_layout(rP.layout()));  // ((2,2,2),MMA_M,MMA_N/2)
+    gemm_rs(tiled_mma, acc_o, tOrP, tOrVt, tOsVt, tOrVt_view, smem_copy_v);
+  }
+
+  // Epilogue: normalise, stage O through shared memory, store 16 B per thread.
+  float lse[decltype(size<0>(acc_o_rc))::value];
+  softmax.finalize(acc_o_rc, lse);
+  Tensor rO = convert_fragment<Element>(acc_o);  // (MMA,MMA_M,MMA_D)
+
+  auto smem_copy_o = make_tiled_copy_C(typename Traits::SmemCopyAtomO{}, tiled_mma);
+  auto smem_thr_copy_o = smem_copy_o.get_thread_slice(tid);
+  Tensor taccOrO = smem_thr_copy_o.retile_S(rO);   // (CPY,MMA_M,MMA_D)
+  Tensor taccOsO = smem_thr_copy_o.partition_D(sO);  // (CPY,MMA_M,MMA_D)
+  cp_async_wait<0>();
+  // Every warp is done reading sQ (its last Q K^T) and no cp.async into shared
+  // memory is pending, so Q's buffer can take O.
+  __syncthreads();
+  copy(smem_copy_o, taccOrO, taccOsO);
+  // The whole O tile is in shared memory before threads read rows other warps wrote.
+  __syncthreads();
+
+  typename Traits::GmemTiledCopyO gmem_tiled_copy_o;
+  auto gmem_thr_copy_o = gmem_tiled_copy_o.get_thread_slice(tid);
+  Tensor tOsO = gmem_thr_copy_o.partition_S(sO);  // (CPY,CPY_M,CPY_K)
+  Tensor tOgO = gmem_thr_copy_o.partition_D(gO);  // (CPY,CPY_M,CPY_K)
+  Tensor tOcO = gmem_thr_copy_o.partition_D(cQ);  // (CPY,CPY_M,CPY_K) -> (row,col)
+  Tensor tOrO = make_tensor<Element>(shape(tOgO));  // (CPY,CPY_M,CPY_K)
+  copy(gmem_tiled_copy_o, tOsO, tOrO);
+  store_tile(gmem_tiled_copy_o, tOrO, tOgO, tOcO, q_rows, params.head_dim);
+
+  if (params.lse != nullptr) {
+    Tensor tOcO_mma = rowcol_view(thr_mma.partition_C(cQ));  // ((2,MMA_M),(2,MMA_D)) -> (row,col)
+    if (get<1>(tOcO_mma(0, 0)) == 0) {  // one thread of each row's quad writes
+      float* lse_ptr = params.lse + batch * params.lse_batch_stride + head * params.lse_head_stride;
+      CUTE_UNROLL
+      for (int i = 0; i < size<0>(tOcO_mma); ++i) {
+        const int row = m0 + get<0>(tOcO_mma(i, 0));
+        if (row < params.seqlen_q) lse_ptr[row] = lse[i];
+      }
+    }
+  }
+}
+
+}  // namespace flashcute

@@ -1,0 +1,52 @@
+// flashcute/params.hpp: the plain parameter block every kernel reads.
+//
+// Everything a launch needs, with strides in elements and 64-bit, so that any
+// strided view (for example q, k and v sliced out of one packed qkv tensor)
+// works without a copy. Only the last (head-dim) stride must be 1.
+#pragma once
+
+#include <cstdint>
+
+namespace flashcute {
+
+enum class DType : int { kFloat16 = 0, kBFloat16 = 1 };
+
+struct FwdParams {
+  // Inputs: q (batch, seqlen_q, nheads, head_dim); k, v (batch, seqlen_k, nheads_k, head_dim).
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  // Output: o has q's shape and dtype.
+  void* o = nullptr;
+  // Optional: float32 (batch, nheads, seqlen_q) natural-log logsumexp; nullptr skips it.
+  float* lse = nullptr;
+
+  // Strides, in elements. The head-dim stride is 1 for all four tensors.
+  int64_t q_batch_stride = 0, q_row_stride = 0, q_head_stride = 0;
+  int64_t k_batch_stride = 0, k_row_stride = 0, k_head_stride = 0;
+  int64_t v_batch_stride = 0, v_row_stride = 0, v_head_stride = 0;
+  int64_t o_batch_stride = 0, o_row_stride = 0, o_head_stride = 0;
+  // lse is (batch, nheads, seqlen_q) with unit row stride.
+  int64_t lse_batch_stride = 0, lse_head_stride = 0;
+
+  int batch = 0;
+  int seqlen_q = 0;
+  int seqlen_k = 0;
+  int nheads = 0;
+  int nheads_k = 0;
+  int head_dim = 0;  // the user's head dim: <= 256 and a multiple of 8
+
+  float softmax_scale = 0.f;  // usually 1/sqrt(head_dim)
+  float softcap = 0.f;        // > 0: scores = softcap * tanh(scores / softcap)
+
+  // Masking, FlashAttention-2 semantics, aligned to the bottom-right corner:
+  // query i sees key j iff  i + seqlen_k - seqlen_q - window_left <= j <= i + seqlen_k - seqlen_q + window_right.
+  // A negative bound means unbounded on that side. causal == true forces window_right = 0.
+  bool causal = false;
+  int window_left = -1;
+  int window_right = -1;
+
+  DType dtype = DType::kBFloat16;
+};
+
+}  // namespace flashcute

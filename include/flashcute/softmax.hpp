@@ -1,0 +1,86 @@
+// flashcute/softmax.hpp: the online softmax, one statement per step.
+//
+// Scores stay unscaled in registers; scale_log2 = score_scale * log2(e) is folded
+// into the exponent, so each probability is one FFMA and one exp2. Row sums stay
+// per-thread partial sums until finalize(), so the main loop reduces across the
+// four threads of a row (two shuffles) only for the max.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+namespace flashcute {
+
+// Reduction over the 4 threads (lane % 4) that share an MMA accumulator row.
+template <class Op>
+CUTE_DEVICE float quad_allreduce(float x, Op op) {
+  x = op(x, __shfl_xor_sync(0xffffffff, x, 1));
+  x = op(x, __shfl_xor_sync(0xffffffff, x, 2));
+  return x;
+}
+
+struct MaxOp {
+  CUTE_DEVICE float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+struct SumOp {
+  CUTE_DEVICE float operator()(float a, float b) const { return a + b; }
+};
+
+template <int kRows>
+struct OnlineSoftmax {
+  float row_max[kRows];  // running max of the raw scores, full row
+  float row_sum[kRows];  // running sum of exp, this thread's columns only
+  float scale_log2;      // score scale * log2(e)
+
+  CUTE_DEVICE explicit OnlineSoftmax(float scale_log2_) : scale_log2(scale_log2_) {
+    CUTE_UNROLL
+    for (int i = 0; i < kRows; ++i) {
+      row_max[i] = -INFINITY;
+      row_sum[i] = 0.f;
+    }
+  }
+
+  // scores, acc_o: ((2,MMA_M),(2,MMA_N)) row/col views. Turns scores into
+  // unnormalised probabilities and rescales acc_o to the new running max.
+  template <class Scores, class AccO>
+  CUTE_DEVICE void update(Scores& scores, AccO& acc_o) {
+    static_assert(decltype(cute::size<0>(scores))::value == kRows);
+    CUTE_UNROLL
+    for (int i = 0; i < kRows; ++i) {
+      float tile_max = row_max[i];
+      CUTE_UNROLL
+      for (int j = 0; j < cute::size<1>(scores); ++j) tile_max = fmaxf(tile_max, scores(i, j));
+      const float new_max = quad_allreduce(tile_max, MaxOp{});
+      // A row that has seen no visible key keeps max -inf; use 0 as its base so exp2 stays finite (and gives 0).
+      const float base = new_max == -INFINITY ? 0.f : new_max * scale_log2;
+      const float rescale = exp2f(row_max[i] * scale_log2 - base);
+      row_max[i] = new_max;
+      float tile_sum = 0.f;
+      CUTE_UNROLL
+      for (int j = 0; j < cute::size<1>(scores); ++j) {
+        scores(i, j) = exp2f(scores(i, j) * scale_log2 - base);
+        tile_sum += scores(i, j);
+      }
+      row_sum[i] = row_sum[i] * rescale + tile_sum;
+      CUTE_UNROLL
+      for (int j = 0; j < cute::size<1>(acc_o); ++j) acc_o(i, j) *= rescale;
+    }
+  }
+
+  // Normalises acc_o and returns each row's natural-log logsumexp in lse[]
+  // (-inf, with acc_o zeroed, for rows that saw no visible key).
+  template <class AccO>
+  CUTE_DEVICE void finalize(AccO& acc_o, float (&lse)[kRows]) {
+    constexpr float kLn2 = 0.6931471805599453f;
+    CUTE_UNROLL
+    for (int i = 0; i < kRows; ++i) {
+      const float sum = quad_allreduce(row_sum[i], SumOp{});
+      const bool empty = sum == 0.f;
+      const float inv_sum = empty ? 0.f : 1.f / sum;
+      lse[i] = empty ? -INFINITY : (row_max[i] * scale_log2 + __log2f(sum)) * kLn2;
+      CUTE_UNROLL
+      for (int j = 0; j < cute::size<1>(acc_o); ++j) acc_o(i, j) *= inv_sum;
+    }
+  }
+};
+
+}  // namespace flashcute

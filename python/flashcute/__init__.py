@@ -1,0 +1,66 @@
+"""flashcute: FlashAttention forward kernels for NVIDIA GPUs, on CUTLASS/CuTe.
+
+>>> import torch, flashcute
+>>> q = torch.randn(2, 1024, 16, 128, device="cuda", dtype=torch.bfloat16)
+>>> k = torch.randn(2, 1024, 4, 128, device="cuda", dtype=torch.bfloat16)
+>>> v = torch.randn_like(k)
+>>> out = flashcute.flash_attn_func(q, k, v, causal=True)  # (2, 1024, 16, 128)
+
+Inputs may be torch tensors, CuPy arrays or JAX arrays (any DLPack CUDA array);
+the output comes back in the caller's framework. See :func:`flash_attn_func`.
+Importing flashcute never initialises CUDA.
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+try:
+    from . import _C
+except ImportError as e:  # pragma: no cover - only for broken installs / source checkouts
+    raise ImportError(
+        "flashcute: the compiled extension flashcute._C could not be imported "
+        f"({e}). Install the package (pip install .) rather than importing it from the source tree."
+    ) from e
+
+from .flash_attn_interface import flash_attn_func
+
+__version__: str = _C.__version__
+
+__all__ = [
+    "flash_attn_func",
+    "__version__",
+    "is_available",
+    "cuda_status",
+    "compiled_head_dims",
+    "compiled_dtypes",
+    "kernel_head_dim",
+]
+
+
+def is_available() -> bool:
+    """Whether a CUDA device is usable (the driver loads and at least one device is visible)."""
+    return _C.cuda_device_count() > 0
+
+
+def cuda_status() -> str:
+    """Why :func:`is_available` says what it does, e.g. ``"cudaErrorInsufficientDriver: ..."``."""
+    return _C.cuda_status()
+
+
+def compiled_head_dims() -> List[int]:
+    """Kernel head dims compiled into this build (build option FLASHCUTE_HEAD_DIMS), ascending.
+
+    A head dim d (a multiple of 8, <= 256) runs on the smallest of these that is >= d.
+    """
+    return list(_C.compiled_head_dims())
+
+
+def compiled_dtypes() -> List[str]:
+    """Dtypes compiled into this build (build option FLASHCUTE_DTYPES): ``"float16"``, ``"bfloat16"``."""
+    return list(_C.compiled_dtypes())
+
+
+def kernel_head_dim(head_dim: int) -> int:
+    """The kernel head dim that ``head_dim`` runs on in this build, or 0 if none is compiled."""
+    return _C.kernel_head_dim(head_dim)

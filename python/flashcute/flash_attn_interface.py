@@ -1,0 +1,461 @@
+"""flashcute's Python API: :func:`flash_attn_func` over any DLPack CUDA array.
+
+The heavy lifting (validation of shapes, strides, dtypes and devices, and the
+launch) is in the compiled module :mod:`flashcute._C`. This module adds what is
+framework specific: recognising torch / CuPy / JAX arrays without importing a
+framework the caller did not use, picking the stream, allocating the outputs
+through the caller's framework (so caching allocators and stream order hold),
+and exporting the arrays through DLPack without stream synchronisation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import numbers
+import operator
+import sys
+from typing import Any, Optional, Tuple, Union
+
+from . import _C
+
+__all__ = ["flash_attn_func"]
+
+# DLPack device types (dlpack.h, DLDeviceType).
+_KDL_CUDA = 2
+_KDL_CUDA_MANAGED = 13
+_DEVICE_TYPE_NAMES = {1: "CPU", 2: "CUDA", 3: "CUDA host (pinned)", 10: "ROCm", 11: "ROCm host", 13: "CUDA managed"}
+
+# CUDA's per-thread default stream handle (cudaStreamPerThread). JAX exposes no
+# current stream, so JAX calls without `stream=` run on this one (see _run_jax).
+_CUDA_STREAM_PER_THREAD = 2
+
+_TORCH, _CUPY, _JAX, _NUMPY, _DLPACK = "torch", "cupy", "jax", "numpy", "dlpack"
+_FRAMEWORK_TYPE_NAMES = {
+    _TORCH: "torch.Tensor",
+    _CUPY: "cupy.ndarray",
+    _JAX: "jax.Array",
+    _NUMPY: "numpy.ndarray",
+}
+
+
+# ---------------------------------------------------------------------------
+# Framework detection (never imports a framework: only looks in sys.modules)
+# ---------------------------------------------------------------------------
+
+
+def _framework(x: Any) -> Optional[str]:
+    """Which framework `x` belongs to, or None if it is not an array at all."""
+    mods = sys.modules
+    torch = mods.get("torch")
+    if torch is not None and isinstance(x, torch.Tensor):
+        return _TORCH
+    cupy = mods.get("cupy")
+    if cupy is not None and isinstance(x, cupy.ndarray):
+        return _CUPY
+    jax = mods.get("jax")
+    if jax is not None and isinstance(x, getattr(jax, "Array", ())):
+        return _JAX
+    np = mods.get("numpy")
+    if np is not None and isinstance(x, np.ndarray):
+        return _NUMPY
+    if hasattr(type(x), "__dlpack__") and hasattr(type(x), "__dlpack_device__"):
+        return _DLPACK
+    return None
+
+
+def _type_name(x: Any) -> str:
+    fw = _framework(x)
+    if fw in _FRAMEWORK_TYPE_NAMES:
+        return _FRAMEWORK_TYPE_NAMES[fw]
+    t = type(x)
+    return t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+
+
+def _jax_is_concrete(x: Any) -> bool:
+    # Concrete arrays are jaxlib's C++ ArrayImpl; tracers (inside jit / vmap / grad)
+    # are Python classes of the jax package itself.
+    t = type(x)
+    return t.__module__.split(".")[0] == "jaxlib" or t.__name__ == "ArrayImpl"
+
+
+def _check_cuda_array(name: str, x: Any) -> str:
+    """Returns x's framework, or raises TypeError naming `name` if x is not a CUDA array."""
+    fw = _framework(x)
+    if fw is None:
+        raise TypeError(
+            f"{name}: expected a CUDA array (torch.Tensor, cupy.ndarray, jax.Array or another "
+            f"DLPack producer), got {_type_name(x)}"
+        )
+    if fw == _NUMPY:
+        raise TypeError(f"{name}: expected a CUDA array, got a CPU numpy.ndarray")
+    if fw == _TORCH:
+        if x.device.type != "cuda":
+            raise TypeError(f"{name}: expected a CUDA array, got a {x.device.type.upper()} torch.Tensor")
+        return fw
+    if fw == _CUPY:
+        return fw
+    if fw == _JAX:
+        if not _jax_is_concrete(x):
+            raise TypeError(
+                f"{name}: got a traced JAX value ({type(x).__name__}); flashcute.flash_attn_func runs "
+                "eagerly on concrete jax.Array values and cannot be used inside jax.jit / vmap / grad"
+            )
+        ndev = len(x.devices())
+        if ndev != 1:
+            raise ValueError(f"{name}: a jax.Array sharded over {ndev} devices; flashcute needs single-device arrays")
+    dev_type = int(x.__dlpack_device__()[0])
+    if dev_type not in (_KDL_CUDA, _KDL_CUDA_MANAGED):
+        where = _DEVICE_TYPE_NAMES.get(dev_type, f"device type {dev_type}")
+        raise TypeError(f"{name}: expected a CUDA array, got a {where} {_type_name(x)}")
+    return fw
+
+
+# ---------------------------------------------------------------------------
+# Argument parsing
+# ---------------------------------------------------------------------------
+
+
+def _as_int(name: str, value: Any) -> int:
+    if isinstance(value, bool):
+        raise TypeError(f"{name}: expected an int, got bool")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name}: expected an int, got {_type_name(value)}") from None
+
+
+def _as_bool(name: str, value: Any) -> bool:
+    if isinstance(value, bool) or type(value).__name__ == "bool_":  # bool or numpy.bool_
+        return bool(value)
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    raise TypeError(f"{name}: expected a bool, got {_type_name(value)}")
+
+
+def _parse_window_size(window_size: Any) -> Tuple[int, int]:
+    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
+        raise TypeError(
+            f"window_size: expected a tuple (left, right) of two ints (-1: unbounded), got {window_size!r}"
+        )
+    left, right = (_as_int("window_size", w) for w in window_size)
+    if left < -1 or right < -1:
+        raise ValueError(f"window_size: each bound must be >= -1 (-1: unbounded), got {(left, right)!r}")
+    return left, right
+
+
+def _as_real(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name}: expected a float, got {_type_name(value)}")
+    return float(value)
+
+
+def _parse_stream(stream: Any) -> Optional[int]:
+    """The stream handle as an int, or None for "the framework's current stream"."""
+    if stream is None:
+        return None
+    if isinstance(stream, bool):
+        raise TypeError("stream: expected None, an int handle or a stream object, got bool")
+    if isinstance(stream, numbers.Integral):
+        handle = int(stream)
+    elif hasattr(stream, "__cuda_stream__"):
+        # CUDA stream protocol (cuda.core and friends): __cuda_stream__() -> (version, handle).
+        proto = stream.__cuda_stream__
+        proto = proto() if callable(proto) else proto
+        try:
+            _, handle = proto
+            handle = operator.index(handle)
+        except (TypeError, ValueError):
+            raise TypeError(f"stream: __cuda_stream__ must return (version, handle), got {proto!r}") from None
+    elif hasattr(stream, "cuda_stream"):  # torch.cuda.Stream
+        handle = operator.index(stream.cuda_stream)
+    elif hasattr(stream, "ptr"):  # cupy.cuda.Stream
+        handle = operator.index(stream.ptr)
+    else:
+        raise TypeError(
+            "stream: expected None, an int handle (cudaStream_t), or an object with __cuda_stream__, "
+            f".cuda_stream or .ptr, got {_type_name(stream)}"
+        )
+    if handle < 0:
+        raise ValueError(f"stream: expected a handle >= 0, got {handle}")
+    return handle
+
+
+# ---------------------------------------------------------------------------
+# Per-framework launch
+# ---------------------------------------------------------------------------
+#
+# DLPack export: nanobind, given a plain object, calls x.__dlpack__() (with
+# max_version, or nothing) but never passes a stream. For torch and CuPy a
+# missing stream means stream=None, which they read as "the consumer uses the
+# legacy default stream": whenever the current stream is another one, they
+# record an event on it and make the *default* stream wait on it (recent torch
+# does this even for stream=None; older torch only for an explicit stream).
+# That is not a device synchronisation, but it is a cross-stream dependency
+# nobody asked for, made on the *current device's* streams even if the tensor
+# lives elsewhere. flashcute therefore exports torch and CuPy arrays itself
+# with stream=-1 (the protocol's "no synchronisation, the consumer orders the
+# work") and hands nanobind the capsules. The work is then ordered explicitly:
+# the kernel runs on the framework's current stream, in whose order the inputs
+# are ready by that framework's own convention; when `stream=` names a
+# different stream, that stream first waits (an event, no host block) for the
+# current one. JAX arrays are passed as they are (see _run_jax).
+
+
+def _lse_shape(q: Any) -> Tuple[int, int, int]:
+    b, sq, h, _ = q.shape
+    return (b, h, sq)
+
+
+def _run_torch(q, k, v, out, return_lse, stream, args):
+    torch = sys.modules["torch"]
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        raise NotImplementedError(
+            "flashcute.flash_attn_func has no backward pass yet, and q, k or v requires grad; "
+            "call it under torch.no_grad() / torch.inference_mode() or pass detached tensors"
+        )
+    device = q.device
+    current = torch.cuda.current_stream(device)
+    if stream is None or stream == current.cuda_stream:
+        handle = current.cuda_stream
+        alloc_ctx = contextlib.nullcontext()
+    else:
+        handle = stream
+        default = torch.cuda.default_stream(device)
+        launch = default if stream == default.cuda_stream else torch.cuda.ExternalStream(stream, device=device)
+        launch.wait_stream(current)
+        # Allocate on the launch stream, so the caching allocator will not hand
+        # these blocks to other work before the launch stream is done with them.
+        alloc_ctx = torch.cuda.stream(launch)
+    with alloc_ctx:
+        if out is None:
+            out = torch.empty(q.shape, dtype=q.dtype, device=device)
+        lse = torch.empty(_lse_shape(q), dtype=torch.float32, device=device) if return_lse else None
+
+    _C.fwd(*(_torch_export(torch, t) for t in (q, k, v, out, lse)), *args, handle)
+    return out, lse
+
+
+def _torch_export(torch, t):
+    if t is None:
+        return None
+    t = t.detach()  # torch refuses to export tensors that require grad
+    # Recent torch refuses to export a tensor of another device than the current one.
+    index = t.device.index
+    if index == torch.cuda.current_device():
+        return t.__dlpack__(stream=-1)
+    with torch.cuda.device(index):
+        return t.__dlpack__(stream=-1)
+
+
+def _run_cupy(q, k, v, out, return_lse, stream, args):
+    cupy = sys.modules["cupy"]
+    with cupy.cuda.Device(q.device.id):
+        current = cupy.cuda.get_current_stream()
+        if stream is None or stream == current.ptr:
+            handle = current.ptr
+            alloc_ctx = contextlib.nullcontext()
+        else:
+            handle = stream
+            launch = cupy.cuda.ExternalStream(stream, device_id=q.device.id)
+            launch.wait_event(current.record())
+            # CuPy's memory pool keeps per-stream free lists: allocating under the
+            # launch stream keeps these blocks ordered with it.
+            alloc_ctx = launch
+        with alloc_ctx:
+            if out is None:
+                out = cupy.empty(q.shape, dtype=q.dtype)
+            lse = cupy.empty(_lse_shape(q), dtype=cupy.float32) if return_lse else None
+
+    def export(a):
+        return None if a is None else a.__dlpack__(stream=-1)
+
+    _C.fwd(export(q), export(k), export(v), export(out), export(lse), *args, handle)
+    return out, lse
+
+
+def _run_jax(q, k, v, out, return_lse, stream, args):
+    # JAX arrays are immutable and JAX exposes no current stream, so:
+    #  1. the output (and lse) are allocated by JAX (jnp.empty, i.e. zero-filled
+    #     fresh buffers that nothing else references);
+    #  2. the inputs and those fresh buffers are made ready (block_until_ready),
+    #     so no JAX work on them is in flight on JAX's own streams;
+    #  3. the kernel runs on `stream`, or on the calling thread's per-thread
+    #     default stream (cudaStreamPerThread: no implicit synchronisation with
+    #     JAX's streams or other threads' work, unlike the legacy stream 0);
+    #  4. that one stream is synchronised (never the device) before the output
+    #     is handed back to JAX, which assumes a returned array is complete.
+    # Trade-off: the host blocks twice (inputs ready, kernel done), so calls
+    # cannot overlap with other host work or be traced into jax.jit. Doing better
+    # needs an XLA FFI custom call that runs on JAX's own stream.
+    if out is not None:
+        raise TypeError(
+            "out: JAX arrays are immutable, so out= is not supported with JAX inputs; "
+            "flash_attn_func returns a new array"
+        )
+    jax = sys.modules["jax"]
+    jnp = jax.numpy
+    (device,) = q.devices()
+    device_id = int(q.__dlpack_device__()[1])
+    out = jnp.empty(q.shape, dtype=q.dtype, device=device)
+    lse = jnp.empty(_lse_shape(q), dtype=jnp.float32, device=device) if return_lse else None
+    jax.block_until_ready([a for a in (q, k, v, out, lse) if a is not None])
+    handle = _CUDA_STREAM_PER_THREAD if stream is None else stream
+    # nanobind calls __dlpack__() without a stream: JAX then waits (on the host)
+    # until each buffer is ready, which after block_until_ready is immediate.
+    _C.fwd(q, k, v, out, lse, *args, handle)
+    b, sq = q.shape[0], q.shape[1]
+    if b > 0 and sq > 0:
+        _C.stream_synchronize(handle, device_id)
+    return out, lse
+
+
+def _run_dlpack(q, k, v, out, return_lse, stream, args):
+    # A DLPack producer flashcute does not know: it cannot allocate through it.
+    if out is None or return_lse:
+        raise TypeError(
+            f"q: flashcute allocates outputs through torch, CuPy or JAX, and q is a {_type_name(q)}; "
+            "pass out= (a CUDA array like q) and return_lse=False, or convert the inputs"
+        )
+    # The DLPack protocol: the consumer names its stream (1 = legacy default,
+    # 0 is not allowed) and the producer makes it wait for its pending work.
+    handle = 0 if stream is None else stream
+    dl_stream = 1 if handle == 0 else handle
+
+    def export(a):
+        return a.__dlpack__(stream=dl_stream)
+
+    _C.fwd(export(q), export(k), export(v), export(out), None, *args, handle)
+    return out, None
+
+
+_RUNNERS = {_TORCH: _run_torch, _CUPY: _run_cupy, _JAX: _run_jax, _DLPACK: _run_dlpack}
+
+
+# ---------------------------------------------------------------------------
+# Public API
+# ---------------------------------------------------------------------------
+
+
+def flash_attn_func(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    return_lse: bool = False,
+    out: Any = None,
+    stream: Union[None, int, Any] = None,
+) -> Union[Any, Tuple[Any, Any]]:
+    """FlashAttention forward pass: ``softmax(q @ k^T * softmax_scale) @ v``.
+
+    Supports multi-query and grouped-query attention (MQA/GQA) by passing in k, v with fewer heads
+    than q. The number of heads in q must be divisible by the number of heads in k, v: if q has 6
+    heads and k, v have 2, heads 0, 1, 2 of q attend to head 0 of k, v, and heads 3, 4, 5 of q to
+    head 1.
+
+    If causal=True, the causal mask is aligned to the bottom right corner of the attention matrix.
+    For example, if seqlen_q = 2 and seqlen_k = 5, the causal mask (1 = keep, 0 = masked out) is::
+
+        1 1 1 1 0
+        1 1 1 1 1
+
+    If seqlen_q = 5 and seqlen_k = 2, the causal mask is::
+
+        0 0
+        0 0
+        0 0
+        1 0
+        1 1
+
+    If a row of the mask is all zero, the output of that row is 0 (and its lse is -inf).
+
+    If window_size != (-1, -1), implements sliding window local attention: query at position i
+    only attends to keys between ``[i + seqlen_k - seqlen_q - window_size[0],
+    i + seqlen_k - seqlen_q + window_size[1]]`` inclusive; -1 leaves that side unbounded.
+
+    Arguments:
+        q: (batch_size, seqlen_q, nheads, headdim)
+        k: (batch_size, seqlen_k, nheads_k, headdim)
+        v: (batch_size, seqlen_k, nheads_k, headdim)
+            CUDA arrays of one framework (torch.Tensor, cupy.ndarray, jax.Array, or any DLPack
+            producer together with ``out=``), float16 or bfloat16 (the same for all), on one device.
+            headdim is a multiple of 8, at most 256. The last dim must be contiguous; the other
+            strides are free (e.g. q, k, v may be slices of one packed (b, s, 3, h, d) tensor) as
+            long as they are multiples of 8 elements and the data is 16-byte aligned.
+        softmax_scale: float. The scaling of QK^T before applying softmax.
+            Default to 1 / sqrt(headdim).
+        causal: bool. Whether to apply a causal attention mask (e.g., for auto-regressive modeling).
+        window_size: (left, right). If not (-1, -1), implements sliding window local attention.
+        softcap: float. Anything > 0 activates softcapping: scores = softcap * tanh(scores / softcap).
+        return_lse: bool. Whether to also return the logsumexp of the attention scores.
+        out: optional preallocated output like q (same shape and dtype; may be a strided view,
+            with the same stride rules as q). Not supported for JAX, whose arrays are immutable.
+        stream: where to run. None (default): the framework's current stream, i.e.
+            ``torch.cuda.current_stream(q.device)`` or ``cupy.cuda.get_current_stream()``; for JAX,
+            which has no current stream, the calling thread's per-thread default stream. Or an int
+            cudaStream_t handle, or an object with ``__cuda_stream__`` (the CUDA stream protocol),
+            ``.cuda_stream`` (torch) or ``.ptr`` (CuPy).
+
+    Stream semantics: the inputs are taken to be ready in the order of the framework's current
+    stream (the framework's own rule). When ``stream`` is another stream, it first waits for the
+    current one (an event: the host does not block) and the outputs are allocated on it, so the
+    framework's caching allocator keeps them in its order; reading the result on another stream is
+    the caller's to order, as for any work on a side stream. flashcute never synchronises the
+    device, and for torch and CuPy never blocks the host.
+
+    JAX: arrays are immutable and JAX exposes no current stream, so flash_attn_func allocates the
+    output with JAX, waits until the inputs are ready (``block_until_ready``), runs the kernel on
+    ``stream`` (default: the per-thread default stream) and synchronises that stream -- only that
+    stream -- before returning, so that the returned jax.Array is complete when JAX reads it. The
+    host blocks for the duration of the call, and the function cannot be used inside ``jax.jit``.
+
+    Return:
+        out: (batch_size, seqlen_q, nheads, headdim), like q, in q's framework.
+        lse [optional, if return_lse=True]: (batch_size, nheads, seqlen_q), float32. The natural-log
+            logsumexp of each row of the scaled (and softcapped, masked) scores; -inf for rows
+            that see no key.
+
+    A zero batch size or seqlen_q returns an empty output without launching anything.
+
+    Raises:
+        TypeError: an argument of the wrong type or dtype, a CPU array, or mixed frameworks.
+        ValueError: a bad shape, stride, alignment or value, or arrays on different devices.
+        NotImplementedError: the dtype or head dim was left out of this build
+            (build options FLASHCUTE_DTYPES / FLASHCUTE_HEAD_DIMS), or q, k, v require grad.
+        RuntimeError: a CUDA error.
+    """
+    # Plain arguments first, so that their messages do not depend on the arrays.
+    window_left, window_right = _parse_window_size(window_size)
+    softcap = _as_real("softcap", softcap)
+    if not math.isfinite(softcap) or softcap < 0:
+        raise ValueError(f"softcap must be a finite number >= 0 (0 disables it), got {softcap!r}")
+    if softmax_scale is not None:
+        softmax_scale = _as_real("softmax_scale", softmax_scale)
+        if not math.isfinite(softmax_scale) or softmax_scale <= 0:
+            raise ValueError(f"softmax_scale must be a finite number > 0, got {softmax_scale!r}")
+    causal = _as_bool("causal", causal)
+    return_lse = _as_bool("return_lse", return_lse)
+    stream = _parse_stream(stream)
+
+    # Arrays: CUDA arrays of one framework.
+    fw = _check_cuda_array("q", q)
+    for name, x in (("k", k), ("v", v)) + ((("out", out),) if out is not None else ()):
+        fw_x = _check_cuda_array(name, x)
+        if fw_x != fw:
+            raise TypeError(
+                f"{name}: is a {_type_name(x)} but q is a {_type_name(q)}; q, k, v and out must come "
+                "from the same framework"
+            )
+    if len(q.shape) != 4:
+        raise ValueError(f"q: expected 4 dims (batch, seqlen_q, nheads, headdim), got {len(q.shape)}")
+    if softmax_scale is None:
+        headdim = int(q.shape[3])
+        softmax_scale = 1.0 / math.sqrt(headdim) if headdim > 0 else 1.0  # headdim 0 is rejected by _C.fwd
+
+    args = (float(softmax_scale), causal, window_left, window_right, softcap)
+    out, lse = _RUNNERS[fw](q, k, v, out, return_lse, stream, args)
+    return (out, lse) if return_lse else out

@@ -1,0 +1,225 @@
+#!/usr/bin/env python3
+"""A small set of flashcute forward calls for NVIDIA compute-sanitizer (docs/sanitizer.md).
+
+    compute-sanitizer --tool memcheck  --error-exitcode 1 python3 scripts/sanitize.py
+    compute-sanitizer --tool racecheck --error-exitcode 1 python3 scripts/sanitize.py
+
+The cases cover the edges a kernel gets wrong: ragged seqlens (17, 113, 257: partial first and
+last tiles), seqlen_q > seqlen_k with causal (query rows that see no key), several key blocks with
+a ragged tail, GQA 4:1 and MQA, a sliding window, softcap, head dims that pad up to a kernel head
+dim (72 -> 96), every kernel head dim, a strided packed-qkv view and a caller-provided `out`, each
+in bf16 and fp16. Sizes are tiny so that racecheck finishes in seconds.
+
+The only GPU kernels this process launches are flashcute's: inputs are made on the CPU and copied
+in, and the checks run on the CPU after one synchronisation at the end. So every sanitizer report
+is about flashcute. PYTORCH_NO_CUDA_MEMORY_CACHING=1 (set here unless already set) gives every
+tensor its own cudaMalloc, so memcheck sees an access past a tensor's end instead of it landing in
+the caching allocator's slack.
+
+Each output is checked for finiteness, against a float32 reference with FlashAttention's rule
+(error <= 2 x naive low-precision error + rounding slack), and its logsumexp against the
+reference's. A case whose dtype or head dim is not compiled into this build is skipped.
+Exit code 0 when every case that ran passed, 1 otherwise (and 1 without a GPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+os.environ.setdefault("PYTORCH_NO_CUDA_MEMORY_CACHING", "1")  # before torch is imported
+
+import flashcute  # noqa: E402
+import torch  # noqa: E402
+from flashcute.bench import (  # noqa: E402
+    TorchOps,
+    fa_tolerance,
+    is_not_compiled_error,
+    reference_attention,
+    rounding_slack,
+)
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    batch: int
+    seqlen_q: int
+    seqlen_k: int
+    nheads: int
+    nheads_k: int
+    headdim: int
+    causal: bool = False
+    window: tuple[int, int] = (-1, -1)
+    softcap: float = 0.0
+    packed_qkv: bool = False  # q, k, v are strided views of one (b, s, 3, h, d) tensor
+    out_arg: bool = False  # pass a preallocated `out`
+
+    def describe(self) -> str:
+        mask = "causal" if self.causal else "full"
+        if self.window != (-1, -1):
+            mask += f" window{self.window}"
+        if self.softcap:
+            mask += f" softcap {self.softcap:g}"
+        return (
+            f"b{self.batch} sq{self.seqlen_q} sk{self.seqlen_k} h{self.nheads}/{self.nheads_k} "
+            f"d{self.headdim} {mask}" + (" packed-qkv" if self.packed_qkv else "") + (" out=" if self.out_arg else "")
+        )
+
+
+CASES: tuple[Case, ...] = (
+    Case("ragged", 2, 17, 113, 4, 4, 64),
+    Case("ragged-causal-sq>sk", 2, 113, 17, 4, 4, 64, causal=True),  # the first 96 rows see no key
+    Case("causal-multiblock", 1, 257, 257, 2, 2, 128, causal=True),
+    Case("gqa-4:1", 2, 113, 113, 8, 2, 128, causal=True),
+    Case("mqa-hdim72", 2, 17, 113, 4, 1, 72),  # 72 runs on the 96 kernel with 24 columns predicated off
+    Case("window", 1, 129, 300, 4, 4, 128, window=(32, 8)),
+    Case("window-left-causal", 1, 300, 300, 2, 1, 64, causal=True, window=(48, -1)),
+    Case("softcap", 1, 64, 128, 2, 2, 64, softcap=30.0),
+    Case("hdim32", 1, 113, 113, 2, 2, 32, causal=True),
+    Case("hdim192", 1, 113, 113, 2, 2, 192),
+    Case("hdim256", 1, 113, 200, 2, 2, 256, causal=True),
+    Case("packed-qkv-out", 2, 77, 77, 4, 4, 64, causal=True, packed_qkv=True, out_arg=True),
+)
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+DEVICE = "cuda"
+
+
+def make_inputs(case: Case, dtype: torch.dtype, seed: int) -> tuple[torch.Tensor, ...]:
+    """q, k, v on the GPU, generated on the CPU so that no GPU kernel runs for them."""
+    gen = torch.Generator().manual_seed(seed)
+    if case.packed_qkv:
+        assert case.seqlen_q == case.seqlen_k and case.nheads == case.nheads_k
+        qkv = torch.randn(case.batch, case.seqlen_q, 3, case.nheads, case.headdim, generator=gen).to(dtype).to(DEVICE)
+        return qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    q = torch.randn(case.batch, case.seqlen_q, case.nheads, case.headdim, generator=gen)
+    k = torch.randn(case.batch, case.seqlen_k, case.nheads_k, case.headdim, generator=gen)
+    v = torch.randn(case.batch, case.seqlen_k, case.nheads_k, case.headdim, generator=gen)
+    return tuple(x.to(dtype).to(DEVICE) for x in (q, k, v))
+
+
+def launch(case: Case, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One flashcute call (asynchronous); returns (out, lse)."""
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if case.out_arg else None
+    result = flashcute.flash_attn_func(
+        q,
+        k,
+        v,
+        softmax_scale=case.headdim**-0.5,
+        causal=case.causal,
+        window_size=case.window,
+        softcap=case.softcap,
+        return_lse=True,
+        out=out,
+    )
+    if not (isinstance(result, tuple) and len(result) == 2):
+        raise TypeError(f"flash_attn_func(return_lse=True) returned {type(result).__name__}, expected (out, lse)")
+    if out is not None and result[0].data_ptr() != out.data_ptr():
+        raise ValueError("flash_attn_func(out=...) did not write into the given tensor")
+    return result
+
+
+def check(
+    case: Case, dtype: torch.dtype, inputs: tuple[torch.Tensor, ...], out: torch.Tensor, lse: torch.Tensor
+) -> tuple[bool, str]:
+    """Compares one case's output and logsumexp (copied to the CPU) with the CPU reference."""
+    ops = TorchOps(torch)
+    q, k, v = (x.cpu() for x in inputs)
+    out, lse = out.cpu(), lse.cpu()
+    kw: dict[str, Any] = {
+        "softmax_scale": case.headdim**-0.5,
+        "causal": case.causal,
+        "window": case.window,
+        "softcap": case.softcap,
+    }
+    ref, ref_lse = reference_attention(ops, q, k, v, **kw)
+    naive, _ = reference_attention(ops, q, k, v, lowp_dtype=dtype, **kw)
+    tol = fa_tolerance(ops.max_abs(naive - ref), rounding_slack(ops, ref, dtype))
+    problems = []
+    if tuple(out.shape) != tuple(q.shape) or out.dtype != dtype:
+        return False, f"out is {tuple(out.shape)} {out.dtype}, expected {tuple(q.shape)} {dtype}"
+    if not torch.isfinite(out).all():
+        problems.append(f"{int((~torch.isfinite(out)).sum())} non-finite outputs")
+    err = ops.max_abs(out.float() - ref)
+    if not err <= tol:
+        problems.append(f"out error {err:.2e} > {tol:.2e}")
+    lse_note = ""
+    if tuple(lse.shape) != tuple(ref_lse.shape):
+        problems.append(f"lse is {tuple(lse.shape)}, expected (batch, nheads, seqlen_q) = {tuple(ref_lse.shape)}")
+    else:
+        seen = torch.isfinite(ref_lse)
+        if not torch.equal(torch.isfinite(lse.float()), seen) or not (lse[~seen] == -math.inf).all():
+            problems.append("lse is not -inf exactly on the rows that see no key")
+        # tanh.approx in the kernel moves softcapped scores by up to ~5e-4 x softcap
+        lse_tol = 2e-3 + 1e-3 * case.softcap
+        lse_err = ops.max_abs(lse.float()[seen] - ref_lse[seen])
+        if not lse_err <= lse_tol:
+            problems.append(f"lse error {lse_err:.2e} > {lse_tol:.1e}")
+        lse_note = f", lse err {lse_err:.1e}"
+    if problems:
+        return False, "; ".join(problems)
+    return True, f"err {err:.2e} <= {tol:.2e}{lse_note}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dtypes", default="bf16,fp16", help="comma-separated: bf16, fp16 (default both)")
+    parser.add_argument("--only", default="", help="run only the cases whose name contains this")
+    parser.add_argument("--sync-each", action="store_true", help="synchronise after every call (to attribute a fault)")
+    parser.add_argument("--list", action="store_true", help="list the cases and exit")
+    args = parser.parse_args(argv)
+    cases = [c for c in CASES if args.only in c.name]
+    if args.list:
+        for c in cases:
+            print(f"{c.name:22s} {c.describe()}")
+        return 0
+    if not torch.cuda.is_available():
+        print("sanitize.py: torch sees no CUDA GPU: this script needs an sm80+ NVIDIA GPU", file=sys.stderr)
+        return 1
+    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+
+    # Launch everything, then synchronise once: the sanitizer reports per kernel launch anyway.
+    launched: list[tuple[Case, str, torch.dtype, tuple[torch.Tensor, ...], torch.Tensor, torch.Tensor]] = []
+    skipped: list[tuple[Case, str, str]] = []
+    failed: list[tuple[Case, str, str]] = []
+    for ci, case in enumerate(cases):
+        for dname in dtypes:
+            dtype = DTYPES[dname]
+            inputs = make_inputs(case, dtype, seed=ci)
+            try:
+                out, lse = launch(case, *inputs)
+            except Exception as exc:  # noqa: BLE001 - report and go on with the other cases
+                (skipped if is_not_compiled_error(exc) else failed).append(
+                    (case, dname, f"{type(exc).__name__}: {exc}")
+                )
+                continue
+            if args.sync_each:
+                torch.cuda.synchronize()
+            launched.append((case, dname, dtype, inputs, out, lse))
+    torch.cuda.synchronize()
+
+    passed = 0
+    for case, dname, dtype, inputs, out, lse in launched:
+        ok, note = check(case, dtype, inputs, out, lse)
+        passed += ok
+        if not ok:
+            failed.append((case, dname, note))
+        else:
+            print(f"PASS {dname} {case.name:22s} {case.describe()}: {note}", flush=True)
+    for case, dname, note in skipped:
+        print(f"SKIP {dname} {case.name:22s} {case.describe()}: {note}", flush=True)
+    for case, dname, note in failed:
+        print(f"FAIL {dname} {case.name:22s} {case.describe()}: {note}", flush=True)
+    print(
+        f"sanitize.py: {passed} cases passed, {len(failed)} failed, {len(skipped)} skipped (not compiled)", flush=True
+    )
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""Shared pytest setup for flashcute's Python tests.
+
+Markers:
+  gpu    needs a CUDA device; skipped (with the CUDA runtime's reason) when
+         flashcute._C.cuda_device_count() == 0, e.g. in CI.
+  large  needs lots of GPU memory and time (deselect with -m "not large").
+
+Fixtures `torch`, `cupy` and `jax` skip the test when the framework is missing or
+cannot see a GPU; every GPU test uses one of them or the `gpu` marker, so on a
+machine without a GPU they skip, never pass.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+# JAX preallocates 75% of GPU memory on first use, which would starve torch and
+# CuPy in the same process. Must be set before jax is imported.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+# Make the helpers next to this file importable under any pytest import mode.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+# flashcute itself is imported lazily: some tests (the bench CLI's) run without the extension.
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped without one)")
+    config.addinivalue_line("markers", "large: needs > 24 GiB of free GPU memory and minutes of GPU time")
+
+
+_DEVICE_COUNT: int | None = None
+_CUDA_STATUS = ""
+
+
+def cuda_device_count() -> int:
+    global _DEVICE_COUNT, _CUDA_STATUS
+    if _DEVICE_COUNT is None:
+        from flashcute import _C
+
+        _DEVICE_COUNT = _C.cuda_device_count()
+        _CUDA_STATUS = _C.cuda_status()
+    return _DEVICE_COUNT
+
+
+def no_gpu_reason() -> str:
+    cuda_device_count()
+    return f"no CUDA device: {_CUDA_STATUS}"
+
+
+def require_gpu() -> None:
+    if cuda_device_count() == 0:
+        pytest.skip(no_gpu_reason())
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("gpu") is not None or item.get_closest_marker("large") is not None:
+        require_gpu()
+
+
+@pytest.fixture(scope="session")
+def torch():
+    """torch with a CUDA device, TF32 off (the fp32 references must be real fp32)."""
+    require_gpu()
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch cannot see a CUDA device")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    return torch
+
+
+@pytest.fixture(scope="session")
+def cupy():
+    require_gpu()
+    cupy = pytest.importorskip("cupy")
+    try:
+        if cupy.cuda.runtime.getDeviceCount() == 0:
+            pytest.skip("CuPy cannot see a CUDA device")
+    except Exception as e:  # cupy raises CUDARuntimeError without a driver
+        pytest.skip(f"CuPy cannot see a CUDA device: {e}")
+    return cupy
+
+
+@pytest.fixture(scope="session")
+def jax():
+    require_gpu()
+    jax = pytest.importorskip("jax")
+    try:
+        jax.devices("gpu")
+    except RuntimeError as e:
+        pytest.skip(f"JAX has no GPU backend: {e}")
+    return jax

@@ -1,0 +1,493 @@
+"""Every argument check of flashcute._C.fwd and flashcute.flash_attn_func, with NumPy arrays.
+
+These run without a GPU (CI): _C.fwd checks the device last, so each structural problem is
+reported before "not a CUDA array". Each test checks the exception type and that the message
+names the argument. Python-level checks run before any array check.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import types
+
+import numpy as np
+import pytest
+from numpy.lib.stride_tricks import as_strided
+
+import flashcute
+from flashcute import _C
+
+F16 = np.float16
+
+
+def arr(shape, dtype=F16):
+    return np.random.default_rng(0).standard_normal(shape).astype(dtype)
+
+
+def qkv(b=2, sq=128, sk=100, h=8, hk=4, d=64, dtype=F16):
+    q = arr((b, sq, h, d), dtype)
+    k = arr((b, sk, hk, d), dtype)
+    v = arr((b, sk, hk, d), dtype)
+    return q, k, v
+
+
+def fwd(q, k, v, out=None, lse=None, *, softmax_scale=0.125, causal=False, window_left=-1, window_right=-1,
+        softcap=0.0, stream=0):
+    if out is None:
+        out = np.empty_like(q)
+    return _C.fwd(q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap, stream)
+
+
+def aligned_like(shape, dtype=F16, offset_bytes=0, strides=None):
+    """An array of `shape` whose data pointer is `offset_bytes` past a 64-byte boundary."""
+    itemsize = np.dtype(dtype).itemsize
+    n = int(np.prod(shape)) if strides is None else 1 + sum((s - 1) * st for s, st in zip(shape, strides))
+    buf = np.zeros(n * itemsize + 256, dtype=np.uint8)
+    start = (-buf.ctypes.data) % 64 + offset_bytes
+    flat = buf[start:start + n * itemsize].view(dtype)
+    if strides is None:
+        return flat.reshape(shape)
+    return as_strided(flat, shape=shape, strides=tuple(s * itemsize for s in strides))
+
+
+def raises(exc, *fragments):
+    """pytest.raises whose message must contain every fragment (literally)."""
+    return pytest.raises(exc, match="(?s)" + "".join(f"(?=.*{re.escape(f)})" for f in fragments))
+
+
+def needs_fp16_kernels(*head_dims):
+    """Valid float16 NumPy arrays reach the device check only if this build has their kernels
+    (the build-configuration check comes just before it)."""
+    if "float16" not in _C.compiled_dtypes():
+        pytest.skip("float16 is not compiled into this build")
+    for d in head_dims:
+        if _C.kernel_head_dim(d) == 0:
+            pytest.skip(f"head dim {d} is not compiled into this build")
+
+
+# ------------------------------------------------------------------------------------ baseline
+
+
+def test_valid_cpu_arrays_fail_only_on_device():
+    needs_fp16_kernels(64)
+    q, k, v = qkv()
+    with raises(TypeError, "q: expected a CUDA array, got a CPU array (device type 1)"):
+        fwd(q, k, v)
+    # The same with lse and GQA 2:1 and a packed, strided layout: still only the device check.
+    packed = arr((2, 128, 3, 8, 64))
+    q, k, v = packed[:, :, 0], packed[:, :, 1], packed[:, :, 2]
+    with raises(TypeError, "q: expected a CUDA array"):
+        fwd(q, k, v, lse=np.empty((2, 8, 128), np.float32))
+
+
+def test_flash_attn_func_rejects_numpy():
+    q, k, v = qkv()
+    with raises(TypeError, "q: expected a CUDA array, got a CPU numpy.ndarray"):
+        flashcute.flash_attn_func(q, k, v)
+
+
+def test_not_an_array():
+    q, k, v = qkv()
+    with raises(TypeError, "k: expected an array", "got list"):
+        fwd(q, [[1.0]], v)
+    with raises(TypeError, "out: expected an array", "NoneType"):
+        _C.fwd(q, k, v, None, None, 0.125, False, -1, -1, 0.0, 0)
+    with raises(TypeError, "q: expected a CUDA array", "got str"):
+        flashcute.flash_attn_func("q", k, v)
+
+
+# ------------------------------------------------------------------------------------ dtypes
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int8, np.float64, np.uint16])
+def test_q_dtype(dtype):
+    q, k, v = qkv()
+    with raises(TypeError, "q: expected a float16 or bfloat16 array, got " + np.dtype(dtype).name):
+        fwd(q.astype(dtype), k.astype(dtype), v.astype(dtype))
+
+
+@pytest.mark.parametrize("name", ["k", "v", "out"])
+@pytest.mark.parametrize("dtype", [np.float32, np.int8])
+def test_mixed_dtypes(name, dtype):
+    q, k, v = qkv()
+    args = dict(q=q, k=k, v=v, out=np.zeros_like(q))
+    args[name] = args[name].astype(dtype)
+    with raises(TypeError, f"{name}: expected float16 like q, got {np.dtype(dtype).name}"):
+        fwd(**args)
+
+
+# ------------------------------------------------------------------------------------ ranks and shapes
+
+
+@pytest.mark.parametrize(
+    "name, dims",
+    [("q", "(batch, seqlen_q, nheads, headdim)"), ("k", "(batch, seqlen_k, nheads_k, headdim)"),
+     ("v", "(batch, seqlen_k, nheads_k, headdim)"), ("out", "(batch, seqlen_q, nheads, headdim)")],
+)
+@pytest.mark.parametrize("rank", [3, 5])
+def test_rank(name, dims, rank):
+    q, k, v = qkv()
+    args = dict(q=q, k=k, v=v, out=np.empty_like(q))
+    a = args[name]
+    args[name] = a[0] if rank == 3 else a[None]
+    with raises(ValueError, f"{name}: expected 4 dims {dims}", f"got {rank}"):
+        fwd(**args)
+
+
+def test_flash_attn_func_rank_of_q_is_checked_before_allocation():
+    # A fake CUDA producer gets past the CPU check; the rank is then checked in Python.
+    class FakeCuda:
+        shape = (2, 128, 64)
+
+        def __dlpack__(self, **kw):
+            raise AssertionError("must not be exported")
+
+        def __dlpack_device__(self):
+            return (2, 0)
+
+    with raises(ValueError, "q: expected 4 dims (batch, seqlen_q, nheads, headdim), got 3"):
+        flashcute.flash_attn_func(FakeCuda(), FakeCuda(), FakeCuda(), out=FakeCuda())
+
+
+def test_k_batch_mismatch():
+    q, k, v = qkv(b=2)
+    _, k3, v3 = qkv(b=3)
+    with raises(ValueError, "k: batch 3 does not match q's batch 2"):
+        fwd(q, k3, v3)
+
+
+def test_k_headdim_mismatch():
+    q, _, _ = qkv(d=64)
+    _, k, v = qkv(d=128)
+    with raises(ValueError, "k: headdim 128 does not match q's headdim 64"):
+        fwd(q, k, v)
+
+
+@pytest.mark.parametrize(
+    "which, shape",
+    [("batch", (3, 100, 4, 64)), ("seqlen_k", (2, 99, 4, 64)), ("nheads_k", (2, 100, 2, 64)),
+     ("headdim", (2, 100, 4, 128))],
+)
+def test_v_shape_mismatch(which, shape):
+    q, k, _ = qkv()
+    with raises(ValueError, "v: expected shape (2, 100, 4, 64) like k", f"got {shape}", f"{which} differs"):
+        fwd(q, k, arr(shape))
+
+
+def test_nheads_multiple_of_nheads_k():
+    q, k, v = qkv(h=12, hk=5)
+    with raises(ValueError, "nheads (12) must be a multiple of nheads_k (5)"):
+        fwd(q, k, v)
+
+
+def test_zero_heads():
+    q, k, v = qkv(h=0, hk=4)
+    with raises(ValueError, "q: nheads must be >= 1, got 0"):
+        fwd(q, k, v)
+    q, k, v = qkv(h=4, hk=0)
+    with raises(ValueError, "k: nheads_k must be >= 1, got 0"):
+        fwd(q, k, v)
+
+
+@pytest.mark.parametrize("d", [260, 12, 0, 4, 264])
+def test_headdim(d):
+    q, k, v = qkv(d=d, sq=4, sk=4)
+    with raises(ValueError, f"headdim must be a multiple of 8 and <= 256, got {d}"):
+        fwd(q, k, v)
+
+
+@pytest.mark.parametrize("shape", [(2, 128, 8, 32), (2, 127, 8, 64), (1, 128, 8, 64), (2, 128, 4, 64)])
+def test_out_shape(shape):
+    q, k, v = qkv()
+    with raises(ValueError, "out: expected shape (2, 128, 8, 64) like q", f"got {shape}"):
+        fwd(q, k, v, out=arr(shape))
+
+
+def test_out_dtype():
+    q, k, v = qkv()
+    with raises(TypeError, "out: expected float16 like q, got float32"):
+        fwd(q, k, v, out=np.empty(q.shape, np.float32))
+
+
+def test_lse():
+    q, k, v = qkv()
+    with raises(TypeError, "lse: expected float32 (batch, nheads, seqlen_q) = (2, 8, 128)", "float16"):
+        fwd(q, k, v, lse=np.empty((2, 8, 128), F16))
+    for shape in [(2, 128, 8), (2, 8, 127), (2, 8), (2, 8, 128, 1)]:
+        with raises(ValueError, "lse: expected float32 (batch, nheads, seqlen_q) = (2, 8, 128)", f"got shape {shape}"):
+            fwd(q, k, v, lse=np.empty(shape, np.float32))
+    strided = np.empty((2, 8, 256), np.float32)[:, :, ::2]
+    with raises(ValueError, "lse: expected float32 (batch, nheads, seqlen_q) contiguous in seqlen_q (stride 1)"):
+        fwd(q, k, v, lse=strided)
+    overlapping = as_strided(np.empty(128, np.float32), shape=(2, 8, 128), strides=(0, 0, 4))
+    with raises(ValueError, "lse:", "overlap"):
+        fwd(q, k, v, lse=overlapping)
+    misaligned = np.empty(2 * 8 * 128 * 4 + 4, np.uint8)
+    start = (-misaligned.ctypes.data) % 16 + 2
+    with raises(ValueError, "lse: the data pointer must be 4-byte aligned"):
+        fwd(q, k, v, lse=misaligned[start:start + 2 * 8 * 128 * 4].view(np.float32).reshape(2, 8, 128))
+
+
+# ------------------------------------------------------------------------------------ strides and alignment
+
+
+@pytest.mark.parametrize("name", ["q", "k", "v", "out"])
+def test_last_dim_must_be_contiguous(name):
+    q, k, v = qkv()
+    args = dict(q=q, k=k, v=v, out=np.empty_like(q))
+    a = args[name]
+    args[name] = np.empty(a.shape[:3] + (2 * a.shape[3],), F16)[..., ::2]
+    with raises(ValueError, f"{name}: the last dim must be contiguous (stride 1), got stride 2"):
+        fwd(**args)
+
+
+@pytest.mark.parametrize("name", ["q", "k", "v", "out"])
+@pytest.mark.parametrize("which, axis", [("batch", 0), ("row (seqlen)", 1), ("head", 2)])
+def test_strides_multiple_of_8(name, which, axis):
+    q, k, v = qkv()
+    args = dict(q=q, k=k, v=v, out=np.empty_like(q))
+    b, s, h, d = args[name].shape
+    head = d + 8
+    row = h * head + 8
+    strides = [s * row + 8, row, head, 1]  # padded, all multiples of 8
+    strides[axis] += 4  # break one of them
+    args[name] = aligned_like((b, s, h, d), strides=strides)
+    with raises(ValueError, f"{name}: the {which} stride must be a multiple of 8 elements (16 bytes)",
+                f"got {strides[axis]}"):
+        fwd(**args)
+
+
+def test_size_one_dims_ignore_strides():
+    # A stride that only multiplies index 0 is never used: batch 1, seqlen 1, one head.
+    needs_fp16_kernels(64)
+    q = aligned_like((1, 1, 1, 64), strides=(3, 5, 7, 1))
+    k = aligned_like((1, 1, 1, 64), strides=(3, 5, 7, 1))
+    with raises(TypeError, "q: expected a CUDA array"):
+        fwd(q, k, k.copy(), out=aligned_like((1, 1, 1, 64), strides=(13, 11, 9, 1)))
+
+
+def test_negative_strides():
+    q, k, v = qkv()
+    with raises(ValueError, "k: negative strides are not supported"):
+        fwd(q, k[:, ::-1], v)
+
+
+def test_out_must_not_overlap_itself():
+    q, k, v = qkv()
+    out = as_strided(np.empty(2 * 128 * 64, F16), shape=q.shape, strides=(128 * 64 * 2, 64 * 2, 0, 2))
+    with raises(ValueError, "out:", "overlap"):
+        fwd(q, k, v, out=out)
+
+
+@pytest.mark.parametrize("name", ["q", "k", "v", "out"])
+@pytest.mark.parametrize("offset", [2, 8])
+def test_alignment(name, offset):
+    q, k, v = qkv()
+    args = dict(q=q, k=k, v=v, out=np.empty_like(q))
+    args[name] = aligned_like(args[name].shape, offset_bytes=offset)
+    with raises(ValueError, f"{name}: the data pointer must be 16-byte aligned"):
+        fwd(**args)
+
+
+# ------------------------------------------------------------------------------------ scalars (_C)
+
+
+@pytest.mark.parametrize("scale", [0.0, -1.0, float("nan"), float("inf"), 1e300, 1e-60])
+def test_softmax_scale(scale):
+    q, k, v = qkv()
+    with raises(ValueError, "softmax_scale must be a finite number > 0"):
+        fwd(q, k, v, softmax_scale=scale)
+
+
+@pytest.mark.parametrize("cap", [-1.0, float("nan"), float("inf")])
+def test_softcap(cap):
+    q, k, v = qkv()
+    with raises(ValueError, "softcap must be a finite number >= 0"):
+        fwd(q, k, v, softcap=cap)
+
+
+@pytest.mark.parametrize("name", ["window_left", "window_right"])
+def test_window(name):
+    q, k, v = qkv()
+    with raises(ValueError, f"{name} must be >= -1 (-1: unbounded), got -2"):
+        fwd(q, k, v, **{name: -2})
+
+
+def test_stream_handle():
+    q, k, v = qkv()
+    with raises(ValueError, "stream: expected a CUDA stream handle >= 0, got -1"):
+        fwd(q, k, v, stream=-1)
+
+
+# ------------------------------------------------------------------------------------ flash_attn_func arguments
+
+
+@pytest.mark.parametrize("window", [(1,), (1, 2, 3), "ab", 5, None, (1.5, 0), (True, 0), ("1", 2)])
+def test_window_size_type(window):
+    q, k, v = qkv()
+    with raises(TypeError, "window_size"):
+        flashcute.flash_attn_func(q, k, v, window_size=window)
+
+
+@pytest.mark.parametrize("window", [(-2, 0), (0, -5)])
+def test_window_size_value(window):
+    q, k, v = qkv()
+    with raises(ValueError, "window_size: each bound must be >= -1"):
+        flashcute.flash_attn_func(q, k, v, window_size=window)
+
+
+def test_window_size_accepts_lists_and_numpy_ints():
+    q, k, v = qkv()
+    for window in ([3, 0], (np.int64(3), np.int32(-1))):
+        with raises(TypeError, "q: expected a CUDA array"):  # got past the window check
+            flashcute.flash_attn_func(q, k, v, window_size=window)
+
+
+@pytest.mark.parametrize("cap, exc", [(-1.0, ValueError), (float("nan"), ValueError), (float("inf"), ValueError),
+                                      ("30", TypeError), (None, TypeError), (True, TypeError)])
+def test_softcap_python(cap, exc):
+    q, k, v = qkv()
+    with raises(exc, "softcap"):
+        flashcute.flash_attn_func(q, k, v, softcap=cap)
+
+
+@pytest.mark.parametrize("scale, exc", [(0.0, ValueError), (-0.5, ValueError), (float("nan"), ValueError),
+                                        (float("inf"), ValueError), ("0.1", TypeError)])
+def test_softmax_scale_python(scale, exc):
+    q, k, v = qkv()
+    with raises(exc, "softmax_scale"):
+        flashcute.flash_attn_func(q, k, v, softmax_scale=scale)
+
+
+@pytest.mark.parametrize("name", ["causal", "return_lse"])
+def test_bool_args(name):
+    q, k, v = qkv()
+    with raises(TypeError, f"{name}: expected a bool"):
+        flashcute.flash_attn_func(q, k, v, **{name: "yes"})
+
+
+@pytest.mark.parametrize("stream", ["abc", 1.5, object(), True, b"\x00"])
+def test_stream_type(stream):
+    q, k, v = qkv()
+    with raises(TypeError, "stream:"):
+        flashcute.flash_attn_func(q, k, v, stream=stream)
+
+
+def test_stream_values():
+    q, k, v = qkv()
+    with raises(ValueError, "stream: expected a handle >= 0, got -3"):
+        flashcute.flash_attn_func(q, k, v, stream=-3)
+
+    class BadProtocol:
+        def __cuda_stream__(self):
+            return 7
+
+    with raises(TypeError, "stream: __cuda_stream__ must return (version, handle)"):
+        flashcute.flash_attn_func(q, k, v, stream=BadProtocol())
+
+    class Protocol:
+        def __cuda_stream__(self):
+            return (0, 1234)
+
+    class TorchLike:
+        cuda_stream = 1234
+
+    class CupyLike:
+        ptr = 1234
+
+    for s in (Protocol(), TorchLike(), CupyLike(), 0, np.int64(5)):
+        with raises(TypeError, "q: expected a CUDA array"):  # accepted: got to the array checks
+            flashcute.flash_attn_func(q, k, v, stream=s)
+
+
+def test_keyword_only():
+    q, k, v = qkv()
+    with pytest.raises(TypeError):
+        flashcute.flash_attn_func(q, k, v, 0.125)  # softmax_scale is keyword-only
+
+
+# ------------------------------------------------------------------------------------ frameworks (faked)
+
+
+class FakeCudaArray:
+    """Claims to be a CUDA DLPack producer; never exported in these tests."""
+
+    def __init__(self, shape=(2, 128, 8, 64)):
+        self.shape = shape
+
+    def __dlpack__(self, **kwargs):
+        raise BufferError("fake")
+
+    def __dlpack_device__(self):
+        return (2, 0)
+
+
+def test_unknown_dlpack_producer_needs_out():
+    q = FakeCudaArray()
+    with raises(TypeError, "q: flashcute allocates outputs through torch, CuPy or JAX", "out="):
+        flashcute.flash_attn_func(q, FakeCudaArray(), FakeCudaArray())
+    with raises(TypeError, "return_lse=False"):
+        flashcute.flash_attn_func(q, FakeCudaArray(), FakeCudaArray(), out=FakeCudaArray(), return_lse=True)
+
+
+def test_cpu_array_after_cuda_q():
+    q = FakeCudaArray()
+    with raises(TypeError, "k: expected a CUDA array, got a CPU numpy.ndarray"):
+        flashcute.flash_attn_func(q, arr((2, 128, 8, 64)), FakeCudaArray())
+
+
+def test_mixed_frameworks(monkeypatch):
+    # A stand-in "cupy" module (CI has no CuPy): detection goes by isinstance on sys.modules.
+    fake_cupy = types.ModuleType("cupy")
+
+    class ndarray(FakeCudaArray):
+        pass
+
+    fake_cupy.ndarray = ndarray
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
+    with raises(TypeError, "k: is a cupy.ndarray but q is a", "same framework"):
+        flashcute.flash_attn_func(FakeCudaArray(), ndarray(), FakeCudaArray())
+    with raises(TypeError, "out: is a", "but q is a cupy.ndarray"):
+        flashcute.flash_attn_func(ndarray(), ndarray(), ndarray(), out=FakeCudaArray())
+
+
+def test_dlpack_non_cuda_device():
+    class RocmArray(FakeCudaArray):
+        def __dlpack_device__(self):
+            return (10, 0)
+
+    with raises(TypeError, "q: expected a CUDA array, got a ROCm"):
+        flashcute.flash_attn_func(RocmArray(), RocmArray(), RocmArray())
+
+
+def test_argument_checks_precede_array_checks():
+    # Bad plain arguments are reported even with arrays that would fail too.
+    with raises(ValueError, "softcap"):
+        flashcute.flash_attn_func(None, None, None, softcap=-1.0)
+    with raises(TypeError, "stream:"):
+        flashcute.flash_attn_func(None, None, None, stream="default")
+
+
+# ------------------------------------------------------------------------------------ build configuration
+
+
+def test_not_compiled_head_dim():
+    dims = _C.compiled_head_dims()
+    missing = [d for d in range(8, 257, 8) if _C.kernel_head_dim(d) == 0]
+    if not missing:
+        pytest.skip(f"every head dim has a kernel in this build ({dims})")
+    d = missing[0]
+    q, k, v = qkv(d=d, sq=4, sk=4)
+    if "float16" not in _C.compiled_dtypes():
+        pytest.skip("float16 is not compiled: NumPy cannot make bfloat16 arrays")
+    with raises(NotImplementedError, f"head dim {d}", "FLASHCUTE_HEAD_DIMS"):
+        fwd(q, k, v)
+
+
+def test_not_compiled_float16():
+    if "float16" in _C.compiled_dtypes():
+        pytest.skip("float16 is compiled in this build")
+    q, k, v = qkv()
+    with raises(NotImplementedError, "float16", "FLASHCUTE_DTYPES"):
+        fwd(q, k, v)

@@ -1,0 +1,63 @@
+"""Past 2^31 elements (GPU, large): 64-bit addressing everywhere.
+
+batch 1, seqlen 16384, 1024 heads, headdim 128, bfloat16: q, k and v are slices of one packed
+(1, 16384, 3, 1024, 128) tensor (12 GiB, element offsets up to 6.4e9), out is 2^31 elements
+(4 GiB, byte offsets past 2^32) and starts as NaN. Every element of out must be written and
+finite; the first, middle and last heads are compared with an fp32 reference computed for those
+heads only. Needs ~22 GiB of free GPU memory; skipped below 24 GiB.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import flashcute
+from fc_reference import assert_lse_close, assert_out_close, attention_ref
+
+pytestmark = [pytest.mark.gpu, pytest.mark.large]
+
+GiB = 1 << 30
+B, S, H, D = 1, 16384, 1024, 128
+CHECK_HEADS = [0, 1, 511, 1022, 1023]
+
+
+@pytest.mark.parametrize(
+    "causal, window",
+    [(False, (1000, 1000)), (True, (-1, -1))],
+    ids=["window1000", "causal"],
+)
+def test_past_2_31_elements(torch, causal, window):
+    if "bfloat16" not in flashcute.compiled_dtypes() or flashcute.kernel_head_dim(D) == 0:
+        pytest.skip("bfloat16 / head dim 128 not compiled")
+    torch.cuda.empty_cache()
+    free, _ = torch.cuda.mem_get_info()
+    if free < 24 * GiB:
+        pytest.skip(f"needs 24 GiB of free GPU memory, {free / GiB:.1f} GiB free")
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    qkv = torch.empty(B, S, 3, H, D, device="cuda", dtype=torch.bfloat16)
+    for i in range(3):  # fill in 4 GiB pieces to keep the fp32 temporary of randn small
+        for h0 in range(0, H, 128):
+            qkv[:, :, i, h0:h0 + 128] = torch.randn(B, S, 128, D, device="cuda", generator=g)
+    q, k, v = qkv.unbind(2)
+    assert q.numel() == 2**31 and qkv.numel() > 6 * 10**9
+    out_arg = torch.full((B, S, H, D), float("nan"), device="cuda", dtype=torch.bfloat16)
+
+    out, lse = flashcute.flash_attn_func(q, k, v, causal=causal, window_size=window, out=out_arg, return_lse=True)
+    torch.cuda.synchronize()
+    assert out is out_arg and lse.shape == (B, H, S)
+
+    # Every element written and finite, checked in slices to keep temporaries small.
+    for h0 in range(0, H, 64):
+        assert bool(torch.isfinite(out[:, :, h0:h0 + 64]).all()), f"non-finite output in heads {h0}..{h0 + 63}"
+    assert bool(torch.isfinite(lse).all())
+
+    for h in CHECK_HEADS:
+        sl = slice(h, h + 1)
+        qh, kh, vh = q[:, :, sl], k[:, :, sl], v[:, :, sl]
+        out_ref, lse_ref = attention_ref(torch, qh, kh, vh, causal=causal, window_size=window)
+        out_naive, lse_naive = attention_ref(torch, qh, kh, vh, causal=causal, window_size=window, upcast=False)
+        assert_out_close(torch, out[:, :, sl], out_ref, out_naive, what=f"out head {h}")
+        assert_lse_close(torch, lse[:, sl], lse_ref, lse_naive, what=f"lse head {h}")
+        del out_ref, lse_ref, out_naive, lse_naive
+        torch.cuda.empty_cache()

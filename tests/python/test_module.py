@@ -1,0 +1,154 @@
+"""The module surface, without a GPU: build configuration, the .pyi stub, versions, imports."""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import flashcute
+from flashcute import _C
+
+ALL_HEAD_DIMS = [32, 64, 96, 128, 192, 256]
+DTYPE_OPTION_NAMES = {"fp16": "float16", "bf16": "bfloat16"}
+
+
+def _build_option(name: str):
+    """The list a build option was given as (";" or "," separated), from the environment of the
+    test run (CI exports the options it builds with), or None."""
+    value = os.environ.get(name)
+    if not value:
+        return None
+    return [x.strip() for x in value.replace(",", ";").split(";") if x.strip()]
+
+
+def test_compiled_head_dims_match_the_build():
+    requested = _build_option("FLASHCUTE_HEAD_DIMS")
+    expected = sorted(int(d) for d in requested) if requested else ALL_HEAD_DIMS
+    assert _C.compiled_head_dims() == expected
+    assert flashcute.compiled_head_dims() == expected
+
+
+def test_compiled_dtypes_match_the_build():
+    requested = _build_option("FLASHCUTE_DTYPES")
+    expected = {DTYPE_OPTION_NAMES[t.lower()] for t in requested} if requested else {"float16", "bfloat16"}
+    got = _C.compiled_dtypes()
+    assert set(got) == expected
+    assert len(got) == len(set(got))
+    assert flashcute.compiled_dtypes() == got
+
+
+def test_kernel_head_dim_dispatch():
+    compiled = _C.compiled_head_dims()
+    assert tuple(_C.KERNEL_HEAD_DIMS) == tuple(ALL_HEAD_DIMS)
+    assert _C.MAX_HEAD_DIM == 256
+    for d in range(8, 257, 8):
+        expected = min((c for c in compiled if c >= d), default=0)
+        assert _C.kernel_head_dim(d) == expected, d
+        assert flashcute.kernel_head_dim(d) == expected
+    for d in compiled:
+        assert _C.kernel_head_dim(d) == d
+
+
+@pytest.mark.parametrize("d", [0, -8, 12, 260, 1 << 40])
+def test_kernel_head_dim_rejects_invalid(d):
+    with pytest.raises(ValueError, match="headdim must be a multiple of 8 and <= 256"):
+        _C.kernel_head_dim(d)
+
+
+def test_cuda_queries_never_raise():
+    n = _C.cuda_device_count()
+    status = _C.cuda_status()
+    assert isinstance(n, int) and n >= 0
+    assert isinstance(status, str) and status
+    if n > 0:
+        assert status == f"cudaSuccess: {n} CUDA device(s)"
+        assert flashcute.is_available()
+    else:
+        assert not status.startswith("cudaSuccess: 1"), status
+        assert flashcute.is_available() is False
+    assert flashcute.cuda_status() == status
+
+
+def test_version():
+    assert isinstance(flashcute.__version__, str) and flashcute.__version__
+    assert flashcute.__version__ == _C.__version__
+    assert "unknown" not in _C.__version__, "the build did not pass FLASHCUTE_VERSION to flashcute_ext.cpp"
+    try:
+        dist = importlib.metadata.distribution("flashcute")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("flashcute is not installed as a distribution")
+    if Path(dist.locate_file("flashcute/__init__.py")).resolve() != Path(flashcute.__file__).resolve():
+        pytest.skip("the imported flashcute is not the installed distribution")
+    assert dist.version == _C.__version__
+
+
+def test_public_api():
+    for name in flashcute.__all__:
+        assert hasattr(flashcute, name), name
+    import inspect
+
+    sig = inspect.signature(flashcute.flash_attn_func)
+    params = list(sig.parameters.values())
+    assert [p.name for p in params] == [
+        "q", "k", "v", "softmax_scale", "causal", "window_size", "softcap", "return_lse", "out", "stream"]
+    assert all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params[:3])
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params[3:])
+    defaults = {p.name: p.default for p in params[3:]}
+    assert defaults == dict(softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, return_lse=False,
+                            out=None, stream=None)
+    assert flashcute.flash_attn_func.__doc__ and "window_size" in flashcute.flash_attn_func.__doc__
+
+
+def test_import_does_not_import_frameworks_or_touch_cuda():
+    code = (
+        "import sys, flashcute\n"
+        "heavy = [m for m in ('torch', 'cupy', 'jax', 'jaxlib') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+        "print('ok')\n"
+    )
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")  # even with no visible device, import works
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+
+
+# ------------------------------------------------------------------------------------ the stub
+
+
+def _stub_path() -> Path:
+    installed = Path(flashcute.__file__).with_name("_C.pyi")
+    if installed.exists():
+        return installed
+    return Path(__file__).resolve().parents[2] / "python" / "flashcute" / "_C.pyi"
+
+
+def _public_names(module) -> set:
+    return {n for n in dir(module) if not n.startswith("_")} | {"__version__"}
+
+
+def _params(fn: ast.FunctionDef):
+    a = fn.args
+    return [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs]
+
+
+def test_stub_matches_module():
+    tree = ast.parse(_stub_path().read_text())
+    stub_funcs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    stub_attrs = {n.target.id for n in tree.body if isinstance(n, ast.AnnAssign)}
+    assert set(stub_funcs) | stub_attrs == _public_names(_C)
+    for name, fn in stub_funcs.items():
+        assert callable(getattr(_C, name)), name
+        assert ast.get_docstring(fn), f"{name}: no docstring in the stub"
+        # nanobind's own signature of the compiled function, parsed as Python.
+        nb_sig = getattr(_C, name).__nb_signature__[0][0]
+        compiled = ast.parse(nb_sig + ": ...").body[0]
+        assert _params(fn) == _params(compiled), f"{name}: stub {_params(fn)} vs module {_params(compiled)}"
+        assert (fn.returns is None) == (compiled.returns is None)
+    for name in stub_attrs:
+        assert not callable(getattr(_C, name)), name
+    assert ast.get_docstring(tree), "the stub has no module docstring"

@@ -1,0 +1,172 @@
+"""Stream semantics (GPU): flash_attn_func runs on the caller's current stream (or `stream=`),
+orders itself after pending work there, and never synchronises the device or blocks the host.
+
+The hazard detector: q is produced on a side stream behind ~100 ms of queued matmuls, into a
+block that the caching allocator previously filled with NaN. A kernel on any other stream (or
+one that is not ordered after the producer) reads NaN or stale data and the comparison fails.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import flashcute
+from fc_reference import assert_out_close, attention_ref
+
+pytestmark = pytest.mark.gpu
+
+B, S, H, D = 2, 1024, 8, 128
+
+
+def _busy(torch, ms_target: float = 100.0):
+    """Queues roughly ms_target ms of fp32 matmuls on the current stream; returns the tensors."""
+    x = torch.randn(4096, 4096, device="cuda")
+    y = x
+    for _ in range(max(1, int(ms_target / 2))):  # ~2-3 ms per 4096^3 fp32 matmul on an H100
+        y = y @ x
+        y = y / y.abs().amax().clamp_min(1.0)  # keep it finite
+    return y
+
+
+def _sources(torch, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    mk = lambda: torch.randn(B, S, H, D, device="cuda", generator=g, dtype=torch.bfloat16)  # noqa: E731
+    q_src, k, v = mk(), mk(), mk()
+    torch.cuda.synchronize()
+    return q_src, k, v
+
+
+def _produce_behind_pending_work(torch, q_src):
+    """On the current stream: poison the next block of q's size with NaN, queue ~100 ms of
+    work, then q = q_src * 1 (so q is only valid once that work is done)."""
+    torch.full((q_src.numel(),), float("nan"), dtype=q_src.dtype, device="cuda")  # freed at once
+    busy = _busy(torch)
+    q = q_src * 1
+    return q, busy
+
+
+def _warm_up(torch, q_src, k, v):
+    """One call up front, so that the caching allocator already holds an output block (a fresh
+    cudaMalloc may synchronise on its own) and the kernel is loaded. Two outputs alive at once
+    leave two blocks of q's size cached: one for q, one for the output of the call under test."""
+    outs = [flashcute.flash_attn_func(q_src, k, v, causal=True) for _ in range(2)]
+    torch.cuda.synchronize()
+    del outs
+
+
+def _check(torch, out, q_src, k, v, causal=True):
+    out_ref, _ = attention_ref(torch, q_src, k, v, causal=causal)
+    out_naive, _ = attention_ref(torch, q_src, k, v, causal=causal, upcast=False)
+    assert_out_close(torch, out, out_ref, out_naive)
+
+
+def test_current_stream_without_sync(torch):
+    q_src, k, v = _sources(torch)
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        _warm_up(torch, q_src, k, v)
+        q, busy = _produce_behind_pending_work(torch, q_src)
+        torch.cuda.set_sync_debug_mode("error")  # any synchronising torch call inside raises
+        try:
+            out = flashcute.flash_attn_func(q, k, v, causal=True)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        assert not s.query(), "flash_attn_func waited for the stream (the host blocked)"
+    torch.cuda.synchronize()
+    _check(torch, out, q_src, k, v)
+    del busy
+
+
+def test_no_device_synchronisation(torch):
+    """Work pending on another stream is still pending after the call."""
+    q_src, k, v = _sources(torch, 1)
+    _warm_up(torch, q_src, k, v)
+    other = torch.cuda.Stream()
+    with torch.cuda.stream(other):
+        busy = _busy(torch, 200.0)
+    out = flashcute.flash_attn_func(q_src, k, v, causal=True)
+    assert not other.query(), "flash_attn_func synchronised the device"
+    torch.cuda.synchronize()
+    _check(torch, out, q_src, k, v)
+    del busy
+
+
+def _stream_arg_cases(torch, s):
+    class Protocol:  # the CUDA stream protocol (cuda.core)
+        def __init__(self, stream):
+            self.stream = stream
+
+        def __cuda_stream__(self):
+            return (0, self.stream.cuda_stream)
+
+    return {"int": s.cuda_stream, "cuda_stream_protocol": Protocol(s), "torch_stream": s}
+
+
+@pytest.mark.parametrize("kind", ["int", "cuda_stream_protocol", "torch_stream"])
+def test_stream_argument(torch, kind):
+    """stream= names a side stream on which q is produced behind pending work; the call is made
+    from the default stream and must run on (and be ordered in) the named stream."""
+    q_src, k, v = _sources(torch, 2)
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        _warm_up(torch, q_src, k, v)
+        q, busy = _produce_behind_pending_work(torch, q_src)
+    out = flashcute.flash_attn_func(q, k, v, causal=True, stream=_stream_arg_cases(torch, s)[kind])
+    assert not s.query(), "flash_attn_func waited for the stream"
+    # The result is ready in s's order: read it there.
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    _check(torch, out, q_src, k, v)
+    del busy
+
+
+def test_stream_argument_waits_for_current_stream(torch):
+    """Inputs produced on the current stream (the framework's convention) are ready for a
+    kernel launched on another stream via stream=."""
+    q_src, k, v = _sources(torch, 3)
+    q, busy = _produce_behind_pending_work(torch, q_src)  # on the default stream
+    s = torch.cuda.Stream()
+    out = flashcute.flash_attn_func(q, k, v, causal=True, stream=s)
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    _check(torch, out, q_src, k, v)
+    del busy
+
+
+def test_stream_argument_with_lse(torch):
+    """stream= with return_lse: both outputs are produced on that stream (read them there)."""
+    q_src, k, v = _sources(torch, 4)
+    s = torch.cuda.Stream()
+    out, lse = flashcute.flash_attn_func(q_src, k, v, causal=True, stream=s, return_lse=True)
+    with torch.cuda.stream(s):
+        out2 = out.clone()
+        lse2 = lse.clone()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    _check(torch, out2, q_src, k, v)
+    _, lse_ref = attention_ref(torch, q_src, k, v, causal=True)
+    assert bool(torch.isfinite(lse2).all())
+    assert (lse2 - lse_ref).abs().max().item() < 1e-2
+
+
+def test_cupy_current_stream(cupy, torch):
+    """CuPy: q produced on a non-default CuPy stream behind pending work; call inside it."""
+    import numpy as np
+
+    rng = np.random.default_rng(5)
+    host = [rng.standard_normal((1, 512, 4, 64)).astype(np.float16) for _ in range(3)]
+    q_src, k, v = (cupy.asarray(a) for a in host)
+    cupy.cuda.Device().synchronize()
+    s = cupy.cuda.Stream(non_blocking=True)
+    with s:
+        x = cupy.random.standard_normal((4096, 4096), dtype=cupy.float32)
+        y = x
+        for _ in range(30):
+            y = y @ x
+            y = y / cupy.maximum(cupy.abs(y).max(), 1.0)
+        q = q_src * 1
+        out = flashcute.flash_attn_func(q, k, v, causal=True)
+        assert not s.done, "flash_attn_func waited for the stream"
+    s.synchronize()
+    tq, tk, tv = (torch.as_tensor(a, device="cuda") for a in host)
+    _check(torch, torch.as_tensor(cupy.asnumpy(out), device="cuda"), tq, tk, tv)
