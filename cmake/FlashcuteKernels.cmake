@@ -1,9 +1,9 @@
 # flashcute_kernels: the prebuilt launch_fwd<dtype, head dim> instantiations.
 #
-# One generated translation unit per dtype x kernel head dim, so that a parallel build
-# compiles them side by side and changing one option recompiles only what it must.
-# FLASHCUTE_ENABLE_* are PUBLIC: every consumer of the library (the Python extension,
-# the tests) sees the same set of instantiations as the library itself.
+# One generated translation unit per dtype x kernel head dim (from
+# src/fwd_instantiation.cu.in), so that a parallel build compiles them side by side.
+# FLASHCUTE_ENABLE_* are PUBLIC: every translation unit that includes flashcute/api.hpp,
+# the library's and its consumers' (the Python extension, the tests), sees the same set.
 
 set(_flashcute_generated_dir "${PROJECT_BINARY_DIR}/generated")
 set(_flashcute_kernel_sources "")

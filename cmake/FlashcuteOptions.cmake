@@ -58,7 +58,7 @@ _flashcute_parse_list(FLASHCUTE_CUDA_ARCHS FLASHCUTE_ARCH_LIST)
 foreach(a IN LISTS FLASHCUTE_ARCH_LIST)
   if(NOT a MATCHES "^([0-9]+)[af]?$" OR CMAKE_MATCH_1 LESS 80)
     message(FATAL_ERROR "FLASHCUTE_CUDA_ARCHS: '${a}' is not a compute capability of 80 or more "
-                        "(e.g. 80 for A100, 86 for RTX 30xx, 89 for L4/L40, 90 for H100/H200). "
+                        "(80 for A100, 86 for RTX 30xx, 89 for L4/L40, 90 for H100/H200). "
                         "'native' and 'all' are not accepted: name the GPUs to build for.")
   endif()
 endforeach()

@@ -19,4 +19,12 @@ find_package(nanobind CONFIG REQUIRED)
 nanobind_add_module(_C NB_STATIC "${PROJECT_SOURCE_DIR}/src/flashcute_ext.cpp")
 target_link_libraries(_C PRIVATE flashcute_kernels CUDA::cudart_static)
 target_compile_definitions(_C PRIVATE "FLASHCUTE_VERSION=\"${PROJECT_VERSION}\"")  # flashcute._C.__version__
+if(CMAKE_SYSTEM_NAME STREQUAL "Linux")
+  # Seen on a machine whose toolchain linked libstdc++ statically into the module: its
+  # 4000+ exported C++ runtime symbols crashed a later `import torch`. Export only
+  # PyInit__C, whatever the toolchain links in.
+  target_link_options(_C PRIVATE "LINKER:--version-script=${PROJECT_SOURCE_DIR}/src/flashcute_ext.map"
+                      "LINKER:--exclude-libs,ALL")
+  set_property(TARGET _C APPEND PROPERTY LINK_DEPENDS "${PROJECT_SOURCE_DIR}/src/flashcute_ext.map")
+endif()
 install(TARGETS _C LIBRARY DESTINATION flashcute COMPONENT python)

@@ -239,7 +239,8 @@ bool run_case(const Case& c, uint32_t seed) {
   const double tol_o = c.dtype == DType::kBFloat16 ? 2e-2 : 4e-3;
   const double tol_lse = 2e-3;
   double err_o = 0, err_lse = 0;
-  int64_t unwritten = 0, bad_guard = 0, bad_lse = 0;
+  int worst[4] = {0, 0, 0, 0};  // (b, i, h, d) of the largest output error
+  int64_t nan_outputs = 0, bad_guard = 0, bad_lse = 0;
   std::vector<char> is_output(obuf.host.size(), 0);
   for (int b = 0; b < c.batch; ++b)
     for (int i = 0; i < c.seqlen_q; ++i)
@@ -249,8 +250,12 @@ bool run_case(const Case& c, uint32_t seed) {
           is_output[size_t(at)] = 1;
           const float got = to_float(obuf.host[size_t(at)], c.dtype);
           const double want = ref_o[((size_t(b) * c.seqlen_q + i) * c.nheads + h) * c.head_dim + d];
-          if (std::isnan(got)) ++unwritten;
-          else err_o = std::max(err_o, std::abs(got - want));
+          if (std::isnan(got)) {
+            ++nan_outputs;
+          } else if (std::abs(got - want) > err_o) {
+            err_o = std::abs(got - want);
+            worst[0] = b, worst[1] = i, worst[2] = h, worst[3] = d;
+          }
         }
   for (size_t at = 0; at < obuf.host.size(); ++at)
     if (!is_output[at] && obuf.host[at] != kPoison16) ++bad_guard;
@@ -279,10 +284,11 @@ bool run_case(const Case& c, uint32_t seed) {
     }
   }
 
-  const bool pass = err_o <= tol_o && unwritten == 0 && bad_guard == 0 && bad_lse == 0;
+  const bool pass = err_o <= tol_o && nan_outputs == 0 && bad_guard == 0 && bad_lse == 0;
   std::printf("%s %-52s max|dO| %.2e (tol %.0e)  max|dlse| %.2e", pass ? "ok  " : "FAIL", c.name().c_str(), err_o,
               tol_o, err_lse);
-  if (unwritten) std::printf("  unwritten outputs: %lld", (long long)unwritten);
+  if (err_o > tol_o) std::printf(" at (b %d, row %d, head %d, col %d)", worst[0], worst[1], worst[2], worst[3]);
+  if (nan_outputs) std::printf("  NaN outputs (unwritten, or read from padding): %lld", (long long)nan_outputs);
   if (bad_guard) std::printf("  guard elements overwritten: %lld", (long long)bad_guard);
   if (bad_lse) std::printf("  wrong lse: %lld", (long long)bad_lse);
   std::printf("\n");

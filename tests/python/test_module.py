@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import ast
 import importlib.metadata
+import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -115,6 +117,29 @@ def test_import_does_not_import_frameworks_or_touch_cuda():
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")  # even with no visible device, import works
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+
+
+def test_extension_exports_only_its_init_function():
+    # A C++ or CUDA runtime linked into the module must stay private to it: exported,
+    # its symbols can interpose on the frameworks' own copies (seen: a crash in a later
+    # `import torch`).
+    nm = shutil.which("nm")
+    if nm is None or not sys.platform.startswith("linux"):
+        pytest.skip("needs binutils' nm on Linux")
+    r = subprocess.run([nm, "-D", "--defined-only", _C.__file__], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    exported = sorted(line.split()[-1] for line in r.stdout.splitlines() if line.strip())
+    assert exported == ["PyInit__C"], exported[:20]
+
+
+@pytest.mark.parametrize("framework", ["torch", "cupy", "jax"])
+def test_framework_imports_after_flashcute(framework):
+    if importlib.util.find_spec(framework) is None:
+        pytest.skip(f"{framework} is not installed")
+    code = f"import flashcute\nimport {framework}\nprint('ok')\n"
+    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), (r.returncode, r.stderr[-2000:])
 
 
 # ------------------------------------------------------------------------------------ the stub
