@@ -12,9 +12,11 @@
 namespace flashcute {
 
 // src/dst: (CPY,CPY_M,CPY_K) partitions of one tile; coord: the same partition of
-// the tile's identity tensor, giving (row, col) within the tile.
+// the tile's identity tensor, giving (row, col) within the tile. tiled_copy must
+// use a zero-filling cp.async atom: a chunk whose predicate is false reads no
+// global memory and writes 16 zero bytes, so there is no branch per chunk.
 // kCheckRows: the tile may run past max_rows. Columns are always checked
-// against max_cols (the head dim), which costs a compare per chunk.
+// against max_cols (the head dim): one compare per chunk.
 template <bool kCheckRows, class TiledCopy, class SrcTensor, class DstTensor, class CoordTensor>
 CUTE_DEVICE void load_tile(TiledCopy const& tiled_copy, SrcTensor const& src, DstTensor&& dst, CoordTensor const& coord,
                            int max_rows, int max_cols) {
@@ -23,17 +25,11 @@ CUTE_DEVICE void load_tile(TiledCopy const& tiled_copy, SrcTensor const& src, Ds
   CUTE_STATIC_ASSERT_V(cute::size<2>(src) == cute::size<2>(dst));
   CUTE_UNROLL
   for (int m = 0; m < cute::size<1>(src); ++m) {
-    if (!kCheckRows || cute::get<0>(coord(0, m, 0)) < max_rows) {
-      CUTE_UNROLL
-      for (int k = 0; k < cute::size<2>(src); ++k) {
-        if (cute::get<1>(coord(0, m, k)) < max_cols) {
-          cute::copy(tiled_copy, src(cute::_, m, k), dst(cute::_, m, k));
-        } else {
-          cute::clear(dst(cute::_, m, k));
-        }
-      }
-    } else {
-      cute::clear(dst(cute::_, m, cute::_));
+    const bool row_ok = !kCheckRows || cute::get<0>(coord(0, m, 0)) < max_rows;
+    CUTE_UNROLL
+    for (int k = 0; k < cute::size<2>(src); ++k) {
+      const bool ok = row_ok && cute::get<1>(coord(0, m, k)) < max_cols;
+      cute::copy(tiled_copy.with(ok), src(cute::_, m, k), dst(cute::_, m, k));
     }
   }
 }

@@ -74,8 +74,10 @@ struct FwdTraits {
   using GmemThreadLayout = cute::Layout<cute::Shape<cute::Int<kNThreads / kThreadsPerRow>, cute::Int<kThreadsPerRow>>,
                                         cute::Stride<cute::Int<kThreadsPerRow>, cute::_1>>;
   using GmemValLayout = cute::Layout<cute::Shape<cute::_1, cute::Int<kElemsPerChunk>>>;
+  // Zero-filling cp.async: predicated-off chunks (ragged rows, columns past the head dim) become zeros.
   using GmemTiledCopyQKV = decltype(cute::make_tiled_copy(
-      cute::Copy_Atom<cute::SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>, Element>{}, GmemThreadLayout{}, GmemValLayout{}));
+      cute::Copy_Atom<cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>, Element>{}, GmemThreadLayout{},
+      GmemValLayout{}));
   using GmemTiledCopyO = decltype(cute::make_tiled_copy(
       cute::Copy_Atom<cute::UniversalCopy<cute::uint128_t>, Element>{}, GmemThreadLayout{}, GmemValLayout{}));
 

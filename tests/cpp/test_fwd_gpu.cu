@@ -40,25 +40,18 @@ constexpr int64_t kTail = 256;          // poisoned elements after each tensor
 
 float to_float(uint16_t bits, DType dtype) {
   if (dtype == DType::kFloat16) {
-    __half h;
-    std::memcpy(&h, &bits, 2);
-    return __half2float(h);
+    __half_raw raw;
+    raw.x = bits;
+    return __half2float(__half(raw));
   }
-  __nv_bfloat16 b;
-  std::memcpy(&b, &bits, 2);
-  return __bfloat162float(b);
+  __nv_bfloat16_raw raw;
+  raw.x = bits;
+  return __bfloat162float(__nv_bfloat16(raw));
 }
 
 uint16_t from_float(float x, DType dtype) {
-  uint16_t bits;
-  if (dtype == DType::kFloat16) {
-    const __half h = __float2half_rn(x);
-    std::memcpy(&bits, &h, 2);
-  } else {
-    const __nv_bfloat16 b = __float2bfloat16_rn(x);
-    std::memcpy(&bits, &b, 2);
-  }
-  return bits;
+  if (dtype == DType::kFloat16) return __half_raw(__float2half_rn(x)).x;
+  return __nv_bfloat16_raw(__float2bfloat16_rn(x)).x;
 }
 
 struct Case {
