@@ -148,13 +148,11 @@ int main(int argc, char** argv) {
   for (bool causal : {false, true}) {
     for (int s : seqlens) {
 #if TUNE_HDIM == 64
-      sweep<FwdConfig{64, 128, 128, 4}, FwdConfig{64, 128, 64, 4}, FwdConfig{64, 64, 128, 4}, FwdConfig{64, 64, 64, 4}>(s, causal);
+      sweep<flashcute::default_fwd_config(64), FwdConfig{64, 128, 64, 4}>(s, causal);
 #elif TUNE_HDIM == 128
-      sweep<FwdConfig{128, 128, 64, 4}, FwdConfig{128, 128, 32, 4}, FwdConfig{128, 64, 64, 4}, FwdConfig{128, 64, 128, 4}>(s, causal);
-#elif TUNE_HDIM == 192
-      sweep<FwdConfig{192, 128, 64, 8}, FwdConfig{192, 64, 64, 4}, FwdConfig{192, 64, 32, 4}>(s, causal);
+      sweep<flashcute::default_fwd_config(128), FwdConfig{128, 128, 32, 4}>(s, causal);
 #else
-      sweep<FwdConfig{256, 128, 64, 8}, FwdConfig{256, 64, 64, 4}, FwdConfig{256, 64, 32, 4}>(s, causal);
+      sweep<flashcute::default_fwd_config(256), FwdConfig{256, 128, 64, 8}>(s, causal);
 #endif
     }
   }

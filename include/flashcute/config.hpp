@@ -19,6 +19,10 @@ struct FwdConfig {
   int block_n;    // key rows per main-loop step
   int num_warps;  // each warp owns block_m / num_warps query rows
   int min_ctas_per_sm = 1;  // __launch_bounds__ occupancy hint
+  // Refill K/V without a branch around the load (predicated rows instead). Lets the
+  // scheduler move the loads freely; costs registers, so it pays only where they are
+  // not the limit (perf-notes v5).
+  bool branch_free_refill = true;
 
   constexpr int num_threads() const { return num_warps * 32; }
   constexpr int rows_per_warp() const { return block_m / num_warps; }
@@ -47,8 +51,8 @@ constexpr const char* validate(FwdConfig cfg) {
 // The tile shape flashcute uses for each kernel head dim.
 constexpr FwdConfig default_fwd_config(int head_dim) {
   switch (head_dim) {
-    case 32:  return {32, 128, 128, 4};
-    case 64:  return {64, 128, 128, 4};
+    case 32:  return {32, 128, 128, 4, 1, false};
+    case 64:  return {64, 128, 128, 4, 1, false};  // S alone takes 128 registers: keep the branches
     case 96:  return {96, 128, 64, 4};
     case 128: return {128, 128, 64, 4};
     case 192: return {192, 64, 64, 4};   // 2 CTAs/SM; beats (128, 64, 8) up to 4k on the H200

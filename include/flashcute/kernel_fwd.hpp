@@ -141,7 +141,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
     // K[n_block] (and, first time, Q) has landed for every thread; and every warp has
     // finished the previous P V, so sV is free to refill.
     __syncthreads();
-    if (n0 + kBlockN > params.seqlen_k) {
+    // Only the last block is ragged; Traits::kBranchFreeRefill row-predicates every block instead.
+    if (Traits::kBranchFreeRefill || n0 + kBlockN > params.seqlen_k) {
       load_tile<true>(gmem_tiled_copy, tVgV(_, _, _, n_block), tVsV, tKVcKV, params.seqlen_k - n0, params.head_dim);
     } else {
       load_tile<false>(gmem_tiled_copy, tVgV(_, _, _, n_block), tVsV, tKVcKV, kBlockN, params.head_dim);
@@ -161,7 +162,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
     // V[n_block] has landed for every thread; and every warp has finished Q K^T, so
     // sK is free for the next block's keys.
     __syncthreads();
-    if (n_block > n_block_min) {  // only the last block can be ragged, and it was loaded first
+    // The next block's keys (never ragged: only the last block is, and it was loaded first).
+    if constexpr (Traits::kBranchFreeRefill) {
+      // After the final block this loads zero rows; nothing reads sK after that.
+      load_tile<true>(gmem_tiled_copy, tKgK(_, _, _, max(n_block - 1, 0)), tKsK, tKVcKV,
+                      n_block > n_block_min ? kBlockN : 0, params.head_dim);
+    } else if (n_block > n_block_min) {
       load_tile<false>(gmem_tiled_copy, tKgK(_, _, _, n_block - 1), tKsK, tKVcKV, kBlockN, params.head_dim);
     }
     cp_async_fence();
