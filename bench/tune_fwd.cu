@@ -148,9 +148,11 @@ int main(int argc, char** argv) {
   for (bool causal : {false, true}) {
     for (int s : seqlens) {
 #if TUNE_HDIM == 64
-      sweep<flashcute::default_fwd_config(64)>(s, causal);
+      sweep<flashcute::default_fwd_config(64), FwdConfig{64, 128, 64, 4, 1, true}, FwdConfig{64, 128, 64, 4, 1, false}>(s, causal);
 #elif TUNE_HDIM == 128
-      sweep<flashcute::default_fwd_config(128)>(s, causal);
+      sweep<flashcute::default_fwd_config(128), FwdConfig{128, 128, 32, 4, 1, true}, FwdConfig{128, 128, 32, 4, 1, false}>(s, causal);
+#elif TUNE_HDIM == 96
+      sweep<flashcute::default_fwd_config(96), FwdConfig{96, 128, 32, 4, 1, true}>(s, causal);
 #else
       sweep<flashcute::default_fwd_config(256)>(s, causal);
 #endif
