@@ -142,10 +142,10 @@ inline Status run_fwd(const FwdParams& params, cudaStream_t stream) {
 
   FwdParams p = params;
   // Causal is a window with no right context. A bound that lets every query
-  // row see every key is the same as no bound: left >= seqlen_k (row 0's lower
-  // limit is then negative) and right >= seqlen_q - 1 (the last row's upper limit
-  // is then past the last key). Normalising keeps the kernel's int arithmetic
-  // far from overflow for huge user bounds.
+  // row see every key is the same as no bound: left >= seqlen_k (even the last
+  // row's lower limit is then below key 0) and right >= seqlen_q - 1 (even row
+  // 0's upper limit is then at the last key). Normalising keeps the kernel's int
+  // arithmetic far from overflow for huge user bounds.
   if (p.causal) p.window_right = 0;
   if (p.window_left >= p.seqlen_k) p.window_left = -1;
   if (p.window_right >= p.seqlen_q - 1) p.window_right = -1;
