@@ -25,7 +25,6 @@ struct FwdConfig {
   bool branch_free_refill = true;
 
   constexpr int num_threads() const { return num_warps * 32; }
-  constexpr int rows_per_warp() const { return block_m / num_warps; }
   // Shared memory row atom: 64 halves (128 B) when the head dim allows, else 32 (64 B).
   constexpr int smem_atom_cols() const { return head_dim % 64 == 0 ? 64 : 32; }
   // Bytes of dynamic shared memory: Q tile, plus one K and one V tile.
