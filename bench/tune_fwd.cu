@@ -7,6 +7,8 @@
 //        -Iinclude -Ithird_party/cutlass/include -DTUNE_HDIM=128 bench/tune_fwd.cu -o tune128
 // Each config's output is compared with the default config's (max |diff|), so a
 // broken variant shows up as a large difference, not as a fast time.
+// -DTUNE_ONLY_DEFAULT times only the default config: one reference launch per problem,
+// then 3 warm-ups and 20 timed ones, for `ncu --launch-skip/--launch-count` (perf-notes v8).
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -103,8 +105,8 @@ void run_one(const Problem& pr, const FwdParams& p, Element* o, Element* o_ref, 
   float diff = 0.f;
   CHECK_CUDA(cudaMemcpy(&diff, d_diff, sizeof(float), cudaMemcpyDeviceToHost));
   const double flops = 4.0 * pr.batch * pr.nheads * double(pr.seqlen) * pr.seqlen * pr.head_dim / (pr.causal ? 2 : 1);
-  std::printf("d=%3d causal=%d S=%5d  cfg(M=%3d,N=%3d,W=%d,occ=%d)  %8.3f ms  %6.1f TFLOP/s  maxdiff %.3g\n",
-              pr.head_dim, pr.causal, pr.seqlen, kCfg.block_m, kCfg.block_n, kCfg.num_warps, kCfg.min_ctas_per_sm, ms,
+  std::printf("d=%3d causal=%d S=%5d  cfg(M=%3d,N=%3d,W=%d,bf=%d,qr=%d)  %8.3f ms  %6.1f TFLOP/s  maxdiff %.3g\n",
+              pr.head_dim, pr.causal, pr.seqlen, kCfg.block_m, kCfg.block_n, kCfg.num_warps, kCfg.branch_free_refill, kCfg.q_in_regs, ms,
               flops / ms * 1e-9, diff);
 }
 
@@ -147,14 +149,24 @@ int main(int argc, char** argv) {
   }
   for (bool causal : {false, true}) {
     for (int s : seqlens) {
-#if TUNE_HDIM == 64
-      sweep<flashcute::default_fwd_config(64), FwdConfig{64, 128, 64, 4, 1, true}, FwdConfig{64, 128, 64, 4, 1, false}>(s, causal);
-#elif TUNE_HDIM == 128
-      sweep<flashcute::default_fwd_config(128), FwdConfig{128, 128, 32, 4, 1, true}, FwdConfig{128, 128, 32, 4, 1, false}>(s, causal);
+#if defined(TUNE_ONLY_DEFAULT)  // one launch per problem, for profilers (ncu --launch-count)
+      sweep<flashcute::default_fwd_config(TUNE_HDIM)>(s, causal);
+#elif TUNE_HDIM == 32
+      sweep<flashcute::default_fwd_config(32), FwdConfig{32, 128, 128, 4, 1, false, false},
+            flashcute::default_fwd_config(32)>(s, causal);
+#elif TUNE_HDIM == 64
+      sweep<flashcute::default_fwd_config(64), FwdConfig{64, 128, 64, 4, 1, true, false},
+            flashcute::default_fwd_config(64)>(s, causal);
 #elif TUNE_HDIM == 96
-      sweep<flashcute::default_fwd_config(96), FwdConfig{96, 128, 32, 4, 1, true}>(s, causal);
+      sweep<flashcute::default_fwd_config(96), FwdConfig{96, 128, 64, 4, 1, true, true},
+            flashcute::default_fwd_config(96)>(s, causal);
+#elif TUNE_HDIM == 128
+      sweep<flashcute::default_fwd_config(128), FwdConfig{128, 128, 32, 4, 1, true},
+            flashcute::default_fwd_config(128)>(s, causal);
+#elif TUNE_HDIM == 192
+      sweep<flashcute::default_fwd_config(192), FwdConfig{192, 128, 64, 8}, flashcute::default_fwd_config(192)>(s, causal);
 #else
-      sweep<flashcute::default_fwd_config(256)>(s, causal);
+      sweep<flashcute::default_fwd_config(256), FwdConfig{256, 128, 64, 8}, flashcute::default_fwd_config(256)>(s, causal);
 #endif
     }
   }

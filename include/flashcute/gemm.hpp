@@ -34,7 +34,8 @@ CUTE_DEVICE void gemm_ss(TiledMma const& tiled_mma, Acc& acc, RegA& tCrA, RegB& 
   }
 }
 
-// acc += A * B^T with A already in registers (O += P V, P straight from the softmax).
+// acc += A * B^T with A already in registers (O += P V, P straight from the softmax;
+// and S = Q K^T when Q is held in registers).
 template <class TiledMma, class Acc, class RegA, class RegB, class SmemB, class ViewB, class CopyB>
 CUTE_DEVICE void gemm_rs(TiledMma const& tiled_mma, Acc& acc, RegA const& tCrA, RegB& tCrB, SmemB const& tCsB,
                          ViewB& tCrB_view, CopyB const& copy_b) {

@@ -1,7 +1,8 @@
 // flashcute/kernel_fwd.hpp: the forward attention kernel.
 //
 // One CTA computes a BLK_M x D tile of O for one (batch, head): it keeps its Q
-// tile in shared memory and walks the visible K/V blocks from the last to the
+// tile in shared memory (or, with FwdConfig::q_in_regs, each warp's rows in
+// registers) and walks the visible K/V blocks from the last to the
 // first, so the ragged and diagonal blocks (the only ones that need masking)
 // come first. K and V each have one shared-memory buffer, and the loads overlap
 // the math: V[j] streams in during S = Q K[j]^T, and K[j-1] during the softmax
@@ -119,11 +120,19 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
 
   // Prologue: Q and the last (possibly ragged) K block.
   load_tile<true>(gmem_tiled_copy, tQgQ, tQsQ, tQcQ, q_rows, params.head_dim);
+  if constexpr (Traits::kQInRegs) cp_async_fence();  // Q in a group of its own
   if (n_block_max > n_block_min) {
     const int n0 = (n_block_max - 1) * kBlockN;
     load_tile<true>(gmem_tiled_copy, tKgK(_, _, _, n_block_max - 1), tKsK, tKVcKV, params.seqlen_k - n0, params.head_dim);
   }
   cp_async_fence();
+  if constexpr (Traits::kQInRegs) {
+    cp_async_wait<1>();
+    // Q has landed for every thread (K may still be in flight); each warp then reads its
+    // own rows into registers, once.
+    __syncthreads();
+    copy(smem_copy_q, tSsQ, tSrQ_view);
+  }
 
   // Softcap: scores = softcap * tanh(s * scale / softcap); the softmax then scales by softcap.
   const bool use_softcap = params.softcap > 0.f;
@@ -150,7 +159,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
     cp_async_fence();
 
     // S = Q K^T
-    gemm_ss(tiled_mma, acc_s, tSrQ, tSrK, tSsQ, tSsK, tSrQ_view, tSrK_view, smem_copy_q, smem_copy_k);
+    if constexpr (Traits::kQInRegs) {
+      gemm_rs(tiled_mma, acc_s, tSrQ, tSrK, tSsK, tSrK_view, smem_copy_k);
+    } else {
+      gemm_ss(tiled_mma, acc_s, tSrQ, tSrK, tSsQ, tSsK, tSrQ_view, tSrK_view, smem_copy_q, smem_copy_k);
+    }
     if (use_softcap) {
       CUTE_UNROLL
       for (int i = 0; i < size(acc_s); ++i) acc_s(i) = tanhf(acc_s(i) * softcap_prescale);
