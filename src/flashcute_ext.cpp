@@ -38,6 +38,16 @@
 #ifndef FLASHCUTE_VERSION
 #define FLASHCUTE_VERSION "0.0.0+unknown"
 #endif
+// The build options as CMake parsed them (cmake/FlashcutePython.cmake); "" when built some other way.
+#ifndef FLASHCUTE_BUILD_ARCHS
+#define FLASHCUTE_BUILD_ARCHS ""
+#endif
+#ifndef FLASHCUTE_BUILD_HEAD_DIMS
+#define FLASHCUTE_BUILD_HEAD_DIMS ""
+#endif
+#ifndef FLASHCUTE_BUILD_DTYPES
+#define FLASHCUTE_BUILD_DTYPES ""
+#endif
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -635,6 +645,13 @@ NB_MODULE(_C, m) {
 
   m.attr("__version__") = FLASHCUTE_VERSION;
   m.attr("MAX_HEAD_DIM") = flashcute::kMaxHeadDim;
+  {
+    nb::dict opts;
+    opts["FLASHCUTE_CUDA_ARCHS"] = FLASHCUTE_BUILD_ARCHS;
+    opts["FLASHCUTE_HEAD_DIMS"] = FLASHCUTE_BUILD_HEAD_DIMS;
+    opts["FLASHCUTE_DTYPES"] = FLASHCUTE_BUILD_DTYPES;
+    m.attr("BUILD_OPTIONS") = opts;
+  }
   {
     nb::list all;
     for (int hd : flashcute::kKernelHeadDims) all.append(hd);

@@ -16,7 +16,7 @@ The device check comes after every structural check, so all other messages can b
 with CPU (e.g. NumPy) arrays.
 """
 
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 __version__: str
 """The flashcute version this module was built as."""
@@ -26,6 +26,10 @@ MAX_HEAD_DIM: int
 
 KERNEL_HEAD_DIMS: Tuple[int, ...]
 """Every kernel head dim flashcute has (32, 64, 96, 128, 192, 256), compiled into this build or not."""
+
+BUILD_OPTIONS: Dict[str, str]
+"""The build options this module was built with, as CMake parsed them, ","-separated:
+``{"FLASHCUTE_CUDA_ARCHS": "80,90", "FLASHCUTE_HEAD_DIMS": "32,64,...", "FLASHCUTE_DTYPES": "fp16,bf16"}``."""
 
 def fwd(
     q: Any,

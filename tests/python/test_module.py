@@ -20,25 +20,41 @@ ALL_HEAD_DIMS = [32, 64, 96, 128, 192, 256]
 DTYPE_OPTION_NAMES = {"fp16": "float16", "bf16": "bfloat16"}
 
 
-def _build_option(name: str):
-    """The list a build option was given as (";" or "," separated), from the environment of the
-    test run (CI exports the options it builds with), or None."""
-    value = os.environ.get(name)
-    if not value:
-        return None
+def _split(value: str):
     return [x.strip() for x in value.replace(",", ";").split(";") if x.strip()]
 
 
+def _build_option(name: str):
+    """The list a build option was given as: what the module recorded from CMake, cross-checked
+    with the test run's environment where that names the option too (CI may export it)."""
+    recorded = _split(_C.BUILD_OPTIONS[name])
+    assert recorded, f"_C.BUILD_OPTIONS[{name!r}] is empty: the module was not built by flashcute's CMake"
+    env = os.environ.get(name)
+    if env:
+        assert sorted(x.lower() for x in _split(env)) == sorted(x.lower() for x in recorded), (
+            f"{name}={env!r} in the environment, but the module was built with {recorded}"
+        )
+    return recorded
+
+
+def test_build_options_are_recorded():
+    assert set(_C.BUILD_OPTIONS) == {"FLASHCUTE_CUDA_ARCHS", "FLASHCUTE_HEAD_DIMS", "FLASHCUTE_DTYPES"}
+    for name, value in _C.BUILD_OPTIONS.items():
+        assert isinstance(value, str) and _split(value), name
+    assert all(int(a.rstrip("af")) >= 80 for a in _split(_C.BUILD_OPTIONS["FLASHCUTE_CUDA_ARCHS"]))
+
+
 def test_compiled_head_dims_match_the_build():
-    requested = _build_option("FLASHCUTE_HEAD_DIMS")
-    expected = sorted(int(d) for d in requested) if requested else ALL_HEAD_DIMS
+    # The option string and the registered kernels come from different places: CMake's option
+    # parsing, and the FLASHCUTE_ENABLE_HDIM<d> macros that decide which kernels link in.
+    expected = sorted(int(d) for d in _build_option("FLASHCUTE_HEAD_DIMS"))
+    assert set(expected) <= set(ALL_HEAD_DIMS)
     assert _C.compiled_head_dims() == expected
     assert flashcute.compiled_head_dims() == expected
 
 
 def test_compiled_dtypes_match_the_build():
-    requested = _build_option("FLASHCUTE_DTYPES")
-    expected = {DTYPE_OPTION_NAMES[t.lower()] for t in requested} if requested else {"float16", "bfloat16"}
+    expected = {DTYPE_OPTION_NAMES[t.lower()] for t in _build_option("FLASHCUTE_DTYPES")}
     got = _C.compiled_dtypes()
     assert set(got) == expected
     assert len(got) == len(set(got))
