@@ -105,8 +105,8 @@ void run_one(const Problem& pr, const FwdParams& p, Element* o, Element* o_ref, 
   float diff = 0.f;
   CHECK_CUDA(cudaMemcpy(&diff, d_diff, sizeof(float), cudaMemcpyDeviceToHost));
   const double flops = 4.0 * pr.batch * pr.nheads * double(pr.seqlen) * pr.seqlen * pr.head_dim / (pr.causal ? 2 : 1);
-  std::printf("d=%3d causal=%d S=%5d  cfg(M=%3d,N=%3d,W=%d,bf=%d,qr=%d)  %8.3f ms  %6.1f TFLOP/s  maxdiff %.3g\n",
-              pr.head_dim, pr.causal, pr.seqlen, kCfg.block_m, kCfg.block_n, kCfg.num_warps, kCfg.branch_free_refill, kCfg.q_in_regs, ms,
+  std::printf("d=%3d causal=%d S=%5d  cfg(M=%3d,N=%3d,W=%d,bf=%d,qr=%d,ms=%d)  %8.3f ms  %6.1f TFLOP/s  maxdiff %.3g\n",
+              pr.head_dim, pr.causal, pr.seqlen, kCfg.block_m, kCfg.block_n, kCfg.num_warps, kCfg.branch_free_refill, kCfg.q_in_regs, kCfg.mask_split, ms,
               flops / ms * 1e-9, diff);
 }
 
@@ -152,21 +152,17 @@ int main(int argc, char** argv) {
 #if defined(TUNE_ONLY_DEFAULT)  // one launch per problem, for profilers (ncu --launch-count)
       sweep<flashcute::default_fwd_config(TUNE_HDIM)>(s, causal);
 #elif TUNE_HDIM == 32
-      sweep<flashcute::default_fwd_config(32), FwdConfig{32, 128, 128, 4, 1, false, false},
-            flashcute::default_fwd_config(32)>(s, causal);
+      sweep<flashcute::default_fwd_config(32), FwdConfig{32, 128, 128, 4, 1, false, false}>(s, causal);
 #elif TUNE_HDIM == 64
-      sweep<flashcute::default_fwd_config(64), FwdConfig{64, 128, 64, 4, 1, true, false},
-            flashcute::default_fwd_config(64)>(s, causal);
+      sweep<flashcute::default_fwd_config(64), FwdConfig{64, 128, 64, 4, 1, true, true, false}>(s, causal);
 #elif TUNE_HDIM == 96
-      sweep<flashcute::default_fwd_config(96), FwdConfig{96, 128, 64, 4, 1, true, true},
-            flashcute::default_fwd_config(96)>(s, causal);
+      sweep<flashcute::default_fwd_config(96), FwdConfig{96, 128, 32, 4}>(s, causal);
 #elif TUNE_HDIM == 128
-      sweep<flashcute::default_fwd_config(128), FwdConfig{128, 128, 32, 4, 1, true},
-            flashcute::default_fwd_config(128)>(s, causal);
+      sweep<flashcute::default_fwd_config(128), FwdConfig{128, 128, 32, 4}>(s, causal);
 #elif TUNE_HDIM == 192
-      sweep<flashcute::default_fwd_config(192), FwdConfig{192, 128, 64, 8}, flashcute::default_fwd_config(192)>(s, causal);
+      sweep<flashcute::default_fwd_config(192), FwdConfig{192, 64, 64, 4}>(s, causal);
 #else
-      sweep<flashcute::default_fwd_config(256), FwdConfig{256, 128, 64, 8}, flashcute::default_fwd_config(256)>(s, causal);
+      sweep<flashcute::default_fwd_config(256), FwdConfig{256, 64, 64, 4}>(s, causal);
 #endif
     }
   }

@@ -27,6 +27,10 @@ struct FwdConfig {
   // from shared memory for every Q K^T: a third less ldmatrix traffic in Q K^T, for
   // head_dim / 2 registers per thread per 16-row MMA block, which fits only at small head dims.
   bool q_in_regs = false;
+  // Run the key blocks that every row of the tile sees in full in a loop of their own, with
+  // no mask code (and no branch for it), instead of one loop whose every step checks. A second
+  // copy of the loop body: +1-2% where registers allow it (perf-notes v14).
+  bool mask_split = false;
 
   constexpr int num_threads() const { return num_warps * 32; }
   // Shared memory row atom: 64 halves (128 B) when the head dim allows, else 32 (64 B).
@@ -55,11 +59,12 @@ constexpr const char* validate(FwdConfig cfg) {
 constexpr FwdConfig default_fwd_config(int head_dim) {
   switch (head_dim) {
     case 32:  return {32, 128, 128, 4, 1, false, true};  // Q in registers: +2-3% (perf-notes v9)
-    case 64:  return {64, 128, 64, 4, 1, true, true};    // no spills (v7); Q in registers: +2-3% (v9)
+    case 64:  return {64, 128, 64, 4, 1, true, true, true};  // no spills (v7); Q in registers (v9); split loop (v14)
     case 96:  return {96, 128, 64, 4};
     case 128: return {128, 128, 64, 4};
-    case 192: return {192, 64, 64, 4};   // 2 CTAs/SM; beats (128, 64, 8) up to 4k on the H200
-    default:  return {256, 64, 64, 4};   // likewise (perf-notes v4)
+    // 2 CTAs/SM; beats (128, 64, 8) up to 4k on the H200 (perf-notes v4); split loop (v14)
+    case 192: return {192, 64, 64, 4, 1, true, false, true};
+    default:  return {256, 64, 64, 4, 1, true, false, true};
   }
 }
 

@@ -19,6 +19,10 @@
 #include "flashcute/softmax.hpp"
 #include "flashcute/traits.hpp"
 
+// Lambdas in the kernel body must inline: a call would move the register tiles they
+// touch to the stack.
+#define FLASHCUTE_INLINE __attribute__((always_inline))
+
 namespace flashcute {
 
 template <class Traits>
@@ -140,8 +144,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
   constexpr float kLog2e = 1.4426950408889634f;
   OnlineSoftmax<decltype(size<0>(acc_o_rc))::value> softmax((use_softcap ? params.softcap : params.softmax_scale) * kLog2e);
 
-  // Main loop, last key block first.
-  for (int n_block = n_block_max - 1; n_block >= n_block_min; --n_block) {
+  // One main-loop step at key block n_block; kMasked: apply the mask where the block needs it.
+  auto step = [&](int n_block, auto masked_tag) FLASHCUTE_INLINE {
+    constexpr bool kMasked = decltype(masked_tag)::value;
     const int n0 = n_block * kBlockN;
     Tensor acc_s = partition_fragment_C(tiled_mma, TileS{});  // (MMA,MMA_M,MMA_N), fp32
     clear(acc_s);
@@ -169,7 +174,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
       for (int i = 0; i < size(acc_s); ++i) acc_s(i) = tanhf(acc_s(i) * softcap_prescale);
     }
     Tensor scores = rowcol_view(acc_s);  // ((2,MMA_M),(2,MMA_N))
-    if (mask.tile_needs_mask(m0, kBlockM, n0, kBlockN)) mask.apply(scores, tScS, m0, n0);
+    if constexpr (kMasked) {
+      if (mask.tile_needs_mask(m0, kBlockM, n0, kBlockN)) mask.apply(scores, tScS, m0, n0);
+    }
 
     cp_async_wait<0>();
     // V[n_block] has landed for every thread; and every warp has finished Q K^T, so
@@ -190,6 +197,22 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
     Tensor rP = convert_fragment<Element>(acc_s);                    // (MMA,MMA_M,MMA_N)
     Tensor tOrP = make_tensor(rP.data(), acc_to_a_layout(rP.layout()));  // ((2,2,2),MMA_M,MMA_N/2)
     gemm_rs(tiled_mma, acc_o, tOrP, tOrVt, tOsVt, tOrVt_view, smem_copy_v);
+  };
+
+  // Main loop, last key block first.
+  if constexpr (!Traits::kMaskSplit) {
+    for (int n_block = n_block_max - 1; n_block >= n_block_min; --n_block) step(n_block, std::true_type{});
+  } else {
+    // Blocks [n_full_min, n_full_max) are visible to every row of the tile: they run with no
+    // mask code, so no branch for it sits between Q K^T and the softmax. The masked blocks
+    // above them (ragged, diagonal) come first in the walk, those below (left window) last.
+    const int n_full_max = max(n_block_min, min(n_block_max, mask.key_end(m0) / kBlockN));
+    const int n_full_min =
+        min(n_full_max, max(n_block_min, ceil_div(max(0, mask.key_begin(m0 + kBlockM - 1)), kBlockN)));
+    int n_block = n_block_max - 1;
+    for (; n_block >= n_full_max; --n_block) step(n_block, std::true_type{});
+    for (; n_block >= n_full_min; --n_block) step(n_block, std::false_type{});
+    for (; n_block >= n_block_min; --n_block) step(n_block, std::true_type{});
   }
 
   // Epilogue: normalise, stage O through shared memory, store 16 B per thread.
@@ -232,3 +255,5 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
 }
 
 }  // namespace flashcute
+
+#undef FLASHCUTE_INLINE
