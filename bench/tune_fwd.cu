@@ -158,7 +158,8 @@ int main(int argc, char** argv) {
 #elif TUNE_HDIM == 96
       sweep<flashcute::default_fwd_config(96), FwdConfig{96, 128, 32, 4}>(s, causal);
 #elif TUNE_HDIM == 128
-      sweep<flashcute::default_fwd_config(128), FwdConfig{128, 128, 32, 4}>(s, causal);
+      sweep<flashcute::default_fwd_config(128), FwdConfig{128, 128, 48, 4, 1, true, false, true},
+            flashcute::default_fwd_config(128)>(s, causal);
 #elif TUNE_HDIM == 192
       sweep<flashcute::default_fwd_config(192), FwdConfig{192, 64, 64, 4}>(s, causal);
 #else
