@@ -3,8 +3,10 @@
 // One CTA computes a BLK_M x D tile of O for one (batch, head): it keeps its Q
 // tile in shared memory (or, with FwdConfig::q_in_regs, each warp's rows in
 // registers) and walks the visible K/V blocks from the last to the
-// first, so the ragged and diagonal blocks (the only ones that need masking)
-// come first. K and V each have one shared-memory buffer, and the loads overlap
+// first, so the ragged and diagonal blocks (the only ones that need masking,
+// with left windows' blocks at the far end) come first; with
+// FwdConfig::mask_split the blocks in between run without mask code. K and V
+// each have one shared-memory buffer, and the loads overlap
 // the math: V[j] streams in during S = Q K[j]^T, and K[j-1] during the softmax
 // and O += P V[j].
 #pragma once
