@@ -16,9 +16,19 @@ import math
 from typing import Any, Optional, Tuple
 
 import numpy as np
+import pytest
 
 OUT_EPS = 1e-5
 LSE_EPS = 1e-3
+
+
+def require_kernel(dtype: str, head_dim: int) -> None:
+    """Skips the calling test, with the reason, when this build has no kernel for dtype
+    ("float16" / "bfloat16") at head_dim (build options FLASHCUTE_DTYPES / FLASHCUTE_HEAD_DIMS)."""
+    import flashcute
+
+    if dtype not in flashcute.compiled_dtypes() or flashcute.kernel_head_dim(head_dim) == 0:
+        pytest.skip(f"{dtype} / head dim {head_dim} is not compiled into this build")
 
 
 def mask_bounds(causal: bool, window_size: Tuple[int, int]) -> Tuple[int, int]:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import flashcute
-from fc_reference import assert_close_np, assert_lse_close_np, attention_ref_np
+from fc_reference import assert_close_np, assert_lse_close_np, attention_ref_np, require_kernel
 
 pytestmark = pytest.mark.gpu
 
@@ -43,8 +43,7 @@ def _check(out, lse, q32, k32, v32, case, lowp):
 
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
 def test_cupy(cupy, case):
-    if "float16" not in flashcute.compiled_dtypes():
-        pytest.skip("float16 not compiled")
+    require_kernel("float16", case[5])
     q32, k32, v32 = _inputs(case)
     # Round to fp16 on the host so that the reference sees exactly the kernel's inputs.
     q32, k32, v32 = (a.astype(np.float16).astype(np.float32) for a in (q32, k32, v32))
@@ -60,6 +59,7 @@ def test_cupy(cupy, case):
 
 def test_cupy_out_view_and_packed(cupy):
     b, s, h, d = 2, 200, 4, 64
+    require_kernel("float16", d)
     rng = np.random.default_rng(1)
     qkv32 = rng.standard_normal((b, s, 3, h, d), dtype=np.float32).astype(np.float16).astype(np.float32)
     qkv = cupy.asarray(qkv32.astype(np.float16))
@@ -91,8 +91,7 @@ def _jax_dtype(jax, name):
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
 def test_jax(jax, case, dtype):
-    if dtype not in flashcute.compiled_dtypes():
-        pytest.skip(f"{dtype} not compiled")
+    require_kernel(dtype, case[5])
     jnp = jax.numpy
     q32, k32, v32 = _inputs(case, seed=2)
     q, k, v = (jnp.asarray(a, dtype=_jax_dtype(jax, dtype)) for a in (q32, k32, v32))
@@ -113,6 +112,7 @@ def test_jax_result_is_complete_when_returned(jax):
     with a kernel big enough that a missing synchronisation would show (zeros instead of data)."""
     jnp = jax.numpy
     b, s, h, d = 1, 2048, 16, 128
+    require_kernel("bfloat16", d)
     rng = np.random.default_rng(3)
     q32 = rng.standard_normal((b, s, h, d), dtype=np.float32)
     q = jnp.asarray(q32, dtype=jnp.bfloat16)
@@ -133,6 +133,7 @@ def test_jax_result_is_complete_when_returned(jax):
 
 def test_jax_explicit_stream(jax, torch):
     """stream= with JAX: the kernel runs there and that stream is synchronised."""
+    require_kernel("float16", 64)
     jnp = jax.numpy
     q = jnp.asarray(np.random.default_rng(4).standard_normal((1, 256, 2, 64)), dtype=jnp.float16)
     s = torch.cuda.Stream()

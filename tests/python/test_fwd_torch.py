@@ -21,7 +21,7 @@ from typing import Optional, Tuple
 import pytest
 
 import flashcute
-from fc_reference import assert_lse_close, assert_out_close, attention_ref, visible_mask_torch
+from fc_reference import assert_lse_close, assert_out_close, attention_ref, require_kernel, visible_mask_torch
 
 pytestmark = pytest.mark.gpu
 
@@ -226,8 +226,7 @@ def run_case(torch, c: Case, seed: int = 0):
 
 @pytest.mark.parametrize("case", GRID, ids=[c.id for c in GRID])
 def test_grid(torch, case):
-    if case.dtype not in flashcute.compiled_dtypes() or flashcute.kernel_head_dim(case.d) == 0:
-        pytest.skip(f"{case.dtype} / head dim {case.d} is not compiled into this build")
+    require_kernel(case.dtype, case.d)
     run_case(torch, case, seed=zlib.crc32(case.id.encode()))
 
 
@@ -255,6 +254,7 @@ def test_grid_covers_the_spec():
 )
 def test_rows_without_keys(torch, dtype, sq, sk, causal, window):
     """Rows that see no key: out exactly 0, lse -inf, no NaN anywhere."""
+    require_kernel(dtype, 64)
     c = Case(dtype=dtype, d=64, sq=sq, sk=sk, causal=causal, window=window, out_mode="poisoned")
     mask = visible_mask_torch(torch, sq, sk, causal, window, "cuda")
     run_case(torch, c, seed=7)
@@ -274,12 +274,14 @@ def test_window_right_beyond_seqlen_k_follows_the_documented_mask(torch):
     """docs/design.md: query i sees key j iff j <= i + sk - sq + right. With sq = 300, sk = 100 and
     right = 150, rows 0..49 see no key. (Treating right >= sk as unbounded, as FlashAttention-2's
     normalisation does, is only equivalent when right >= sq - 1.)"""
+    require_kernel("bfloat16", 64)
     c = Case(dtype="bfloat16", d=64, sq=300, sk=100, window=(-1, 150), out_mode="poisoned")
     run_case(torch, c, seed=11)
 
 
 def test_seqlen_k_zero(torch):
     """No keys at all: out = 0 and lse = -inf everywhere (a non-empty output)."""
+    require_kernel("float16", 64)
     q = torch.randn(2, 33, 4, 64, device="cuda", dtype=torch.float16)
     k = torch.randn(2, 0, 2, 64, device="cuda", dtype=torch.float16)
     v = torch.randn(2, 0, 2, 64, device="cuda", dtype=torch.float16)
@@ -294,6 +296,7 @@ def test_seqlen_k_zero(torch):
 @pytest.mark.parametrize("shape", [(0, 128, 4, 64), (2, 0, 4, 64)], ids=["batch0", "seqlen_q0"])
 @pytest.mark.parametrize("return_lse", [False, True])
 def test_zero_size(torch, shape, return_lse):
+    require_kernel("bfloat16", shape[3])
     b, sq, h, d = shape
     q = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(b, 64, h, d, device="cuda", dtype=torch.bfloat16)
@@ -306,6 +309,7 @@ def test_zero_size(torch, shape, return_lse):
 
 
 def test_default_softmax_scale_is_rsqrt_headdim(torch):
+    require_kernel("float16", 72)
     q, k, v = (torch.randn(1, 64, 2, 72, device="cuda", dtype=torch.float16) for _ in range(3))
     a = flashcute.flash_attn_func(q, k, v)
     b = flashcute.flash_attn_func(q, k, v, softmax_scale=1 / math.sqrt(72))
@@ -316,6 +320,7 @@ def test_default_softmax_scale_is_rsqrt_headdim(torch):
 
 
 def test_results_are_deterministic(torch):
+    require_kernel("bfloat16", 128)
     c = Case(dtype="bfloat16", d=128, sq=1000, sk=1000, causal=True)
     q, k, v = _make_inputs(torch, c, 3)
     a = flashcute.flash_attn_func(q, k, v, causal=True)
@@ -325,6 +330,7 @@ def test_results_are_deterministic(torch):
 
 
 def test_inputs_are_not_modified(torch):
+    require_kernel("float16", 64)
     c = Case(dtype="float16", d=64, sq=128, sk=256, h=8, hk=2)
     q, k, v = _make_inputs(torch, c, 5)
     copies = [t.clone() for t in (q, k, v)]
@@ -355,6 +361,7 @@ def test_gpu_errors(torch):
 
 
 def test_requires_grad_is_refused(torch):
+    require_kernel("float16", 64)
     q = torch.randn(1, 16, 2, 64, device="cuda", dtype=torch.float16, requires_grad=True)
     k = torch.randn(1, 16, 2, 64, device="cuda", dtype=torch.float16)
     with pytest.raises(NotImplementedError, match="no backward pass"):
@@ -368,6 +375,7 @@ def test_requires_grad_is_refused(torch):
 def test_other_device(torch):
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
+    require_kernel("float16", 64)
     c = Case(dtype="float16", d=64, sq=200, sk=300)
     with torch.cuda.device(1):
         q, k, v = _make_inputs(torch, c, 9)
