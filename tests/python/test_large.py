@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 import flashcute
-from fc_reference import assert_lse_close, assert_out_close, attention_ref
+from fc_reference import assert_lse_close, assert_out_close, attention_ref, require_kernel
 
 pytestmark = [pytest.mark.gpu, pytest.mark.large]
 
@@ -27,8 +27,7 @@ CHECK_HEADS = [0, 1, 511, 1022, 1023]
     ids=["window1000", "causal"],
 )
 def test_past_2_31_elements(torch, causal, window):
-    if "bfloat16" not in flashcute.compiled_dtypes() or flashcute.kernel_head_dim(D) == 0:
-        pytest.skip("bfloat16 / head dim 128 not compiled")
+    require_kernel("bfloat16", D)
     torch.cuda.empty_cache()
     free, _ = torch.cuda.mem_get_info()
     if free < 24 * GiB:
