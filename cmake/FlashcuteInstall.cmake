@@ -1,6 +1,6 @@
 # `cmake --install <build> --component cpp`: the header-only C++ package.
 #
-#   <prefix>/include/flashcute/                          flashcute's headers
+#   <prefix>/include/flashcute/                          flashcute's headers, and build_config.hpp
 #   <prefix>/include/flashcute/third_party/cutlass/      the CUTLASS/CuTe headers (third_party/cutlass.cmake)
 #   <prefix>/lib/cmake/flashcute/                        flashcuteConfig.cmake and friends
 #
@@ -11,7 +11,11 @@ include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 set(_flashcute_cmake_dir "${CMAKE_INSTALL_LIBDIR}/cmake/flashcute")
 
-install(DIRECTORY "${PROJECT_SOURCE_DIR}/include/flashcute" DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}" COMPONENT cpp)
+install(DIRECTORY "${PROJECT_SOURCE_DIR}/include/flashcute" DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}" COMPONENT cpp
+        PATTERN "*.md" EXCLUDE)
+# The list of kernels this build was configured with (cmake/FlashcuteKernelList.cmake).
+install(FILES "${FLASHCUTE_GENERATED_INCLUDE_DIR}/flashcute/build_config.hpp"
+        DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}/flashcute" COMPONENT cpp)
 install(TARGETS flashcute_cutlass flashcute_headers flashcute EXPORT flashcuteTargets COMPONENT cpp)
 install(EXPORT flashcuteTargets NAMESPACE flashcute:: DESTINATION "${_flashcute_cmake_dir}" COMPONENT cpp)
 

@@ -4,8 +4,8 @@
 # config settings and SKBUILD_CMAKE_DEFINE, where ";" is a separator of its own).
 # After this file:
 #   FLASHCUTE_ARCH_LIST, FLASHCUTE_HEAD_DIM_LIST, FLASHCUTE_DTYPE_LIST  the parsed lists
-#   FLASHCUTE_ENABLE_DEFINITIONS  FLASHCUTE_ENABLE_HDIM<d>=0|1 and FLASHCUTE_ENABLE_{FP16,BF16}=0|1
 #   CMAKE_CUDA_ARCHITECTURES      SASS for every arch, PTX for the newest one
+# cmake/FlashcuteKernelList.cmake turns the lists into kernels.
 
 set(FLASHCUTE_CUDA_ARCHS "80;90" CACHE STRING
     "Compute capabilities to build kernels for, 80 or newer (SASS for each, PTX for the newest)")
@@ -19,6 +19,8 @@ else()
 endif()
 option(FLASHCUTE_BUILD_PYTHON "Build the Python extension flashcute._C" ${_flashcute_python_default})
 option(FLASHCUTE_BUILD_TESTS "Build the C++ tests and register them with ctest" OFF)
+option(FLASHCUTE_BUILD_TUNING "Build benchmarks/tune_fwd (tile-config sweeps; on with the tests, so CI compiles it)"
+       ${FLASHCUTE_BUILD_TESTS})
 option(FLASHCUTE_PTXAS_VERBOSE "Print each kernel's register and shared-memory use (-Xptxas -v)" OFF)
 
 # _flashcute_parse_list(<option> <out-var>): splits on ";" or ",", strips blanks, drops duplicates.
@@ -33,25 +35,13 @@ function(_flashcute_parse_list option out_var)
   set(${out_var} "${items}" PARENT_SCOPE)
 endfunction()
 
-# --- head dims -----------------------------------------------------------------------
-set(_flashcute_all_head_dims 32 64 96 128 192 256)  # kKernelHeadDims in include/flashcute/config.hpp
+# --- head dims (checked against the catalog in cmake/FlashcuteKernelList.cmake) -----------
 _flashcute_parse_list(FLASHCUTE_HEAD_DIMS FLASHCUTE_HEAD_DIM_LIST)
-foreach(d IN LISTS FLASHCUTE_HEAD_DIM_LIST)
-  if(NOT d IN_LIST _flashcute_all_head_dims)
-    message(FATAL_ERROR "FLASHCUTE_HEAD_DIMS: '${d}' is not a kernel head dim. Choose from "
-                        "${_flashcute_all_head_dims}; other head dims (multiples of 8) run on the next one up.")
-  endif()
-endforeach()
 list(SORT FLASHCUTE_HEAD_DIM_LIST COMPARE NATURAL)
 
-# --- dtypes --------------------------------------------------------------------------
+# --- dtypes (checked against the catalog in cmake/FlashcuteKernelList.cmake) --------------
 _flashcute_parse_list(FLASHCUTE_DTYPES FLASHCUTE_DTYPE_LIST)
 list(TRANSFORM FLASHCUTE_DTYPE_LIST TOLOWER)
-foreach(t IN LISTS FLASHCUTE_DTYPE_LIST)
-  if(NOT t MATCHES "^(fp16|bf16)$")
-    message(FATAL_ERROR "FLASHCUTE_DTYPES: '${t}' is not supported. Choose from fp16, bf16.")
-  endif()
-endforeach()
 
 # --- architectures -------------------------------------------------------------------
 _flashcute_parse_list(FLASHCUTE_CUDA_ARCHS FLASHCUTE_ARCH_LIST)
@@ -63,30 +53,12 @@ foreach(a IN LISTS FLASHCUTE_ARCH_LIST)
   endif()
 endforeach()
 list(SORT FLASHCUTE_ARCH_LIST COMPARE NATURAL)
-# SASS for each architecture; the newest also gets PTX, which newer GPUs JIT-compile.
+# Targets without a family of their own (tests, examples) build for all of them.
 set(CMAKE_CUDA_ARCHITECTURES "${FLASHCUTE_ARCH_LIST}")
 list(TRANSFORM CMAKE_CUDA_ARCHITECTURES APPEND "-real")
 list(POP_BACK CMAKE_CUDA_ARCHITECTURES)
 list(GET FLASHCUTE_ARCH_LIST -1 _flashcute_newest_arch)
 list(APPEND CMAKE_CUDA_ARCHITECTURES "${_flashcute_newest_arch}")
-
-# --- compile definitions every TU that includes flashcute/api.hpp must share ----------
-set(FLASHCUTE_ENABLE_DEFINITIONS "")
-foreach(d IN LISTS _flashcute_all_head_dims)
-  if(d IN_LIST FLASHCUTE_HEAD_DIM_LIST)
-    list(APPEND FLASHCUTE_ENABLE_DEFINITIONS "FLASHCUTE_ENABLE_HDIM${d}=1")
-  else()
-    list(APPEND FLASHCUTE_ENABLE_DEFINITIONS "FLASHCUTE_ENABLE_HDIM${d}=0")
-  endif()
-endforeach()
-foreach(t IN ITEMS fp16 bf16)
-  string(TOUPPER "${t}" _flashcute_t)
-  if(t IN_LIST FLASHCUTE_DTYPE_LIST)
-    list(APPEND FLASHCUTE_ENABLE_DEFINITIONS "FLASHCUTE_ENABLE_${_flashcute_t}=1")
-  else()
-    list(APPEND FLASHCUTE_ENABLE_DEFINITIONS "FLASHCUTE_ENABLE_${_flashcute_t}=0")
-  endif()
-endforeach()
 
 message(STATUS "flashcute: archs ${FLASHCUTE_ARCH_LIST} (CUDA_ARCHITECTURES ${CMAKE_CUDA_ARCHITECTURES}), "
                "head dims ${FLASHCUTE_HEAD_DIM_LIST}, dtypes ${FLASHCUTE_DTYPE_LIST}")

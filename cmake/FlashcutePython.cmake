@@ -19,12 +19,6 @@ find_package(nanobind CONFIG REQUIRED)
 nanobind_add_module(_C NB_STATIC "${PROJECT_SOURCE_DIR}/src/flashcute_ext.cpp")
 target_link_libraries(_C PRIVATE flashcute_kernels CUDA::cudart_static)
 target_compile_definitions(_C PRIVATE "FLASHCUTE_VERSION=\"${PROJECT_VERSION}\"")  # flashcute._C.__version__
-# flashcute._C.BUILD_OPTIONS: the parsed build options, ","-separated, so that a build's own
-# tests can check what it registered against what it was asked for (tests/python/test_module.py).
-foreach(_flashcute_opt IN ITEMS ARCH HEAD_DIM DTYPE)
-  string(REPLACE ";" "," _flashcute_value "${FLASHCUTE_${_flashcute_opt}_LIST}")
-  target_compile_definitions(_C PRIVATE "FLASHCUTE_BUILD_${_flashcute_opt}S=\"${_flashcute_value}\"")
-endforeach()
 if(CMAKE_SYSTEM_NAME STREQUAL "Linux")
   # Seen on a machine whose toolchain linked libstdc++ statically into the module: its
   # 4000+ exported C++ runtime symbols crashed a later `import torch`. Export only
@@ -34,3 +28,9 @@ if(CMAKE_SYSTEM_NAME STREQUAL "Linux")
   set_property(TARGET _C APPEND PROPERTY LINK_DEPENDS "${PROJECT_SOURCE_DIR}/src/flashcute_ext.map")
 endif()
 install(TARGETS _C LIBRARY DESTINATION flashcute COMPONENT python)
+
+# flashcute/_C.pyi, generated from the built module by nanobind's stubgen (signatures and
+# docstrings as the module has them), installed beside it.
+nanobind_add_stub(flashcute_C_stub MODULE _C OUTPUT "${CMAKE_CURRENT_BINARY_DIR}/_C.pyi"
+                  PYTHON_PATH "$<TARGET_FILE_DIR:_C>" DEPENDS _C)
+install(FILES "${CMAKE_CURRENT_BINARY_DIR}/_C.pyi" DESTINATION flashcute COMPONENT python)

@@ -21,7 +21,9 @@
 #   FC_SANITIZE_TOOLS  compute-sanitizer tools (default "memcheck racecheck"; initcheck, synccheck too)
 #   FC_SKIP_INSTALL=1  reuse what a previous call on this (still warm) machine installed
 #
-# The machine has no network: carry third_party/cutlass with the checkout (it is git-ignored).
+# The machine has no network: carry third_party/cutlass with the checkout (it is git-ignored), and
+# GoogleTest for the C++ tests, unpacked from Debian's libgtest-dev into .deps/gtest (git-ignored):
+#   mkdir -p .deps && cd .deps && apt-get download libgtest-dev && dpkg -x libgtest-dev_*.deb gtest
 set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
@@ -71,6 +73,8 @@ install_flashcute() {
     -C cmake.define.FLASHCUTE_BUILD_TESTS=ON -C "cmake.define.FLASHCUTE_CUDA_ARCHS=$archs"
     -C "cmake.define.FLASHCUTE_PTXAS_VERBOSE=$ptxas_verbose")
   [[ "$dims" != all ]] && args+=(-C "cmake.define.FLASHCUTE_HEAD_DIMS=$dims")
+  local gtest_dir="$PWD/.deps/gtest/usr/lib/x86_64-linux-gnu/cmake/GTest"
+  [[ -d "$gtest_dir" ]] && args+=(-C "cmake.define.GTest_DIR=$gtest_dir")
   echo "+ python3 ${args[*]}"
   local t0=$SECONDS
   python3 "${args[@]}" 2>&1 | tee "$OUT/build.log"

@@ -1,13 +1,14 @@
 // flashcute/flashcute.hpp: the whole library, header-only.
 //
 //   #include <flashcute/flashcute.hpp>
-//   flashcute::FwdParams p = ...;
-//   flashcute::Status st = flashcute::run_fwd(p, stream);
+//   flashcute::Status st = flashcute::run_fwd(args, stream);   // see flashcute/host/api.hpp
 //
-// Compile with nvcc (C++20). Every enabled dtype x head dim kernel is instantiated
-// in the including translation unit; set FLASHCUTE_ENABLE_HDIM<d>=0 or
-// FLASHCUTE_ENABLE_{FP16,BF16}=0 to build fewer.
+// Compile with nvcc as C++20. Including this header instantiates every kernel of the list in
+// flashcute/build_config.hpp in the including translation unit (the installed package's list
+// is the one its build was configured with). To build fewer, define FLASHCUTE_KERNELS first:
+//   #define FLASHCUTE_KERNELS FLASHCUTE_KERNEL(kSm80, kFwd, kBFloat16, 128), FLASHCUTE_KERNEL(...)
+//   #include <flashcute/flashcute.hpp>
 #pragma once
 
-#include "flashcute/api.hpp"
-#include "flashcute/launch.hpp"
+#include "flashcute/host/api.hpp"
+#include "flashcute/sm80/launch_fwd.hpp"

@@ -1,4 +1,4 @@
-"""flashcute: FlashAttention forward kernels for NVIDIA GPUs, on CUTLASS/CuTe.
+"""flashcute: FlashAttention kernels for NVIDIA GPUs, on CUTLASS/CuTe.
 
 >>> import torch, flashcute
 >>> q = torch.randn(2, 1024, 16, 128, device="cuda", dtype=torch.bfloat16)
@@ -7,13 +7,14 @@
 >>> out = flashcute.flash_attn_func(q, k, v, causal=True)  # (2, 1024, 16, 128)
 
 Inputs may be torch tensors, CuPy arrays or JAX arrays (any DLPack CUDA array);
-the output comes back in the caller's framework. See :func:`flash_attn_func`.
-Importing flashcute never initialises CUDA.
+the output comes back in the caller's framework. See :func:`flash_attn_func`, whose
+signature is FlashAttention-2's. :mod:`flashcute.testing` holds the reference attention and
+the tolerance rule flashcute is tested with. Importing flashcute never initialises CUDA.
 """
 
 from __future__ import annotations
 
-from typing import List
+from typing import List, Tuple
 
 try:
     from . import _C
@@ -25,7 +26,7 @@ except ImportError as e:  # pragma: no cover - only for broken installs / source
 
 from .flash_attn_interface import flash_attn_func
 
-__version__: str = _C.__version__
+__version__: str = _C.__version__  # not in the generated _C.pyi: nanobind's stubgen leaves dunders out
 
 __all__ = [
     "flash_attn_func",
@@ -34,6 +35,7 @@ __all__ = [
     "cuda_status",
     "compiled_head_dims",
     "compiled_dtypes",
+    "compiled_kernels",
     "kernel_head_dim",
 ]
 
@@ -59,6 +61,12 @@ def compiled_head_dims() -> List[int]:
 def compiled_dtypes() -> List[str]:
     """Dtypes compiled into this build (build option FLASHCUTE_DTYPES): ``"float16"``, ``"bfloat16"``."""
     return list(_C.compiled_dtypes())
+
+
+def compiled_kernels() -> List[Tuple[str, str, str, int]]:
+    """The kernels compiled into this build, as ``(family, direction, dtype, head dim)`` tuples,
+    e.g. ``("sm80", "fwd", "bfloat16", 128)``: the list the build generated."""
+    return list(_C.compiled_kernels())
 
 
 def kernel_head_dim(head_dim: int) -> int:

@@ -301,9 +301,12 @@ def _run_jax(q, k, v, out, return_lse, stream, args):
     lse = jnp.empty(_lse_shape(q), dtype=jnp.float32, device=device) if return_lse else None
     jax.block_until_ready([a for a in (q, k, v, out, lse) if a is not None])
     handle = _CUDA_STREAM_PER_THREAD if stream is None else stream
-    # nanobind calls __dlpack__() without a stream: JAX then waits (on the host)
-    # until each buffer is ready, which after block_until_ready is immediate.
-    _C.fwd(q, k, v, out, lse, *args, handle)
+    # Inputs: nanobind calls __dlpack__() without a stream; JAX then waits (on the host) until
+    # each buffer is ready, which after block_until_ready is immediate. Outputs: JAX may flag its
+    # exports read-only, and _C.fwd takes outputs only writable, so they go as legacy (unversioned)
+    # capsules, which carry no flags. Writing into them is sound only because they are the fresh
+    # buffers made above, which nothing else references yet.
+    _C.fwd(q, k, v, out.__dlpack__(), None if lse is None else lse.__dlpack__(), *args, handle)
     b, sq = q.shape[0], q.shape[1]
     if b > 0 and sq > 0:
         _C.stream_synchronize(handle, device_id)
@@ -341,15 +344,19 @@ def flash_attn_func(
     q: Any,
     k: Any,
     v: Any,
-    *,
+    dropout_p: float = 0.0,
     softmax_scale: Optional[float] = None,
     causal: bool = False,
     window_size: Tuple[int, int] = (-1, -1),
     softcap: float = 0.0,
+    alibi_slopes: Any = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+    *,
     return_lse: bool = False,
     out: Any = None,
     stream: Union[None, int, Any] = None,
-) -> Union[Any, Tuple[Any, Any]]:
+) -> Union[Any, Tuple[Any, Any], Tuple[Any, Any, None]]:
     """FlashAttention forward pass: ``softmax(q @ k^T * softmax_scale) @ v``.
 
     Supports multi-query and grouped-query attention (MQA/GQA) by passing in k, v with fewer heads
@@ -377,6 +384,10 @@ def flash_attn_func(
     only attends to keys between ``[i + seqlen_k - seqlen_q - window_size[0],
     i + seqlen_k - seqlen_q + window_size[1]]`` inclusive; -1 leaves that side unbounded.
 
+    The positional order and the keywords are FlashAttention-2's, so code written for
+    ``flash_attn.flash_attn_func`` runs by changing the import; ``return_lse``, ``out`` and
+    ``stream`` are flashcute's own and keyword-only.
+
     Arguments:
         q: (batch_size, seqlen_q, nheads, headdim)
         k: (batch_size, seqlen_k, nheads_k, headdim)
@@ -386,12 +397,19 @@ def flash_attn_func(
             headdim is a multiple of 8, at most 256. The last dim must be contiguous; the other
             strides are free (e.g. q, k, v may be slices of one packed (b, s, 3, h, d) tensor) as
             long as they are multiples of 8 elements and the data is 16-byte aligned.
+        dropout_p: float. Dropout probability. flashcute has no dropout yet: only 0.0 is accepted
+            (NotImplementedError otherwise). FlashAttention-2 callers pass 0.0 at inference.
         softmax_scale: float. The scaling of QK^T before applying softmax.
             Default to 1 / sqrt(headdim).
         causal: bool. Whether to apply a causal attention mask (e.g., for auto-regressive modeling).
         window_size: (left, right). If not (-1, -1), implements sliding window local attention.
         softcap: float. Anything > 0 activates softcapping: scores = softcap * tanh(scores / softcap).
-        return_lse: bool. Whether to also return the logsumexp of the attention scores.
+        alibi_slopes: not supported yet: only None is accepted (NotImplementedError otherwise).
+        deterministic: bool. Accepted for compatibility; the forward pass is always deterministic.
+        return_attn_probs: bool. As in FlashAttention-2, return ``(out, softmax_lse, None)``: the
+            logsumexp, and None where FlashAttention-2 returns the dropout mask (it has one only
+            with dropout_p > 0, which flashcute does not support).
+        return_lse: bool. Return ``(out, lse)``.
         out: optional preallocated output like q (same shape and dtype; may be a strided view,
             with the same stride rules as q). Not supported for JAX, whose arrays are immutable.
         stream: where to run. None (default): the framework's current stream, i.e.
@@ -415,9 +433,12 @@ def flash_attn_func(
 
     Return:
         out: (batch_size, seqlen_q, nheads, headdim), like q, in q's framework.
-        lse [optional, if return_lse=True]: (batch_size, nheads, seqlen_q), float32. The natural-log
-            logsumexp of each row of the scaled (and softcapped, masked) scores; -inf for rows
-            that see no key.
+        lse [if return_lse or return_attn_probs]: (batch_size, nheads, seqlen_q), float32. The
+            natural-log logsumexp of each row of the scaled (and softcapped, masked) scores.
+            A row that sees no key (possible with causal and seqlen_q > seqlen_k, or a window)
+            has lse = -inf and out = 0. FlashAttention-2 gives +inf there; -inf is the logsumexp
+            of an empty set, so that such a row weighs nothing when partial results are merged by
+            their lse (exp(lse - m) = 0), where +inf would take over the merge.
 
     A zero batch size or seqlen_q returns an empty output without launching anything.
 
@@ -425,10 +446,25 @@ def flash_attn_func(
         TypeError: an argument of the wrong type or dtype, a CPU array, or mixed frameworks.
         ValueError: a bad shape, stride, alignment or value, or arrays on different devices.
         NotImplementedError: the dtype or head dim was left out of this build
-            (build options FLASHCUTE_DTYPES / FLASHCUTE_HEAD_DIMS), or q, k, v require grad.
+            (build options FLASHCUTE_DTYPES / FLASHCUTE_HEAD_DIMS), q, k, v require grad, or a
+            feature flashcute does not have yet (dropout_p > 0, alibi_slopes).
         RuntimeError: a CUDA error.
+
+    The errors that come from the compiled validation carry its structure: ``exc.arg`` (the
+    argument), ``exc.expected`` and ``exc.got``.
     """
     # Plain arguments first, so that their messages do not depend on the arrays.
+    dropout_p = _as_real("dropout_p", dropout_p)
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p: expected a probability in [0, 1), got {dropout_p!r}")
+    if dropout_p > 0.0:
+        raise NotImplementedError(
+            f"dropout_p: flashcute has no dropout yet, so dropout_p must be 0.0, got {dropout_p!r}"
+        )
+    if alibi_slopes is not None:
+        raise NotImplementedError("alibi_slopes: flashcute has no ALiBi yet, so alibi_slopes must be None")
+    _as_bool("deterministic", deterministic)  # the forward pass is deterministic either way
+    return_attn_probs = _as_bool("return_attn_probs", return_attn_probs)
     window_left, window_right = _parse_window_size(window_size)
     softcap = _as_real("softcap", softcap)
     if not math.isfinite(softcap) or softcap < 0:
@@ -457,5 +493,7 @@ def flash_attn_func(
         softmax_scale = 1.0 / math.sqrt(headdim) if headdim > 0 else 1.0  # headdim 0 is rejected by _C.fwd
 
     args = (float(softmax_scale), causal, window_left, window_right, softcap)
-    out, lse = _RUNNERS[fw](q, k, v, out, return_lse, stream, args)
+    out, lse = _RUNNERS[fw](q, k, v, out, return_lse or return_attn_probs, stream, args)
+    if return_attn_probs:
+        return out, lse, None
     return (out, lse) if return_lse else out

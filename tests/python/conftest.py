@@ -7,23 +7,20 @@ Markers:
 
 Fixtures `torch`, `cupy` and `jax` skip the test when the framework is missing or
 cannot see a GPU; every GPU test uses one of them or the `gpu` marker, so on a
-machine without a GPU they skip, never pass.
+machine without a GPU they skip, never pass. `require_kernel` skips a test whose
+dtype / head dim this build left out. The reference and the tolerance rule are the
+package's own: flashcute.testing.
 """
 
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 import pytest
 
 # JAX preallocates 75% of GPU memory on first use, which would starve torch and
 # CuPy in the same process. Must be set before jax is imported.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-
-# Make the helpers next to this file importable under any pytest import mode.
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 # flashcute itself is imported lazily: some tests (the bench CLI's) run without the extension.
 
@@ -95,3 +92,18 @@ def jax():
     except RuntimeError as e:
         pytest.skip(f"JAX has no GPU backend: {e}")
     return jax
+
+
+def _require_kernel(dtype: str, head_dim: int) -> None:
+    import flashcute
+
+    if dtype not in flashcute.compiled_dtypes() or flashcute.kernel_head_dim(head_dim) == 0:
+        pytest.skip(f"{dtype} / head dim {head_dim} is not compiled into this build "
+                    "(build options FLASHCUTE_DTYPES / FLASHCUTE_HEAD_DIMS)")
+
+
+@pytest.fixture(scope="session")
+def require_kernel():
+    """require_kernel(dtype, head_dim): skips the test, with the reason, when this build has no kernel
+    for dtype ("float16" / "bfloat16") at head_dim."""
+    return _require_kernel

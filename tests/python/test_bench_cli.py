@@ -1,115 +1,108 @@
-"""CPU tests of the benchmark CLI (python -m flashcute.bench): arguments, grid, FLOP counting,
-reports, and the clear failure on a machine without a GPU. No GPU, torch or CuPy needed.
+"""CPU tests of the benchmark, python -m flashcute.bench: arguments, grid, FLOP counting, the check
+and timing flow on fake arrays, the reports and files, and the clear failure without a GPU.
 
-bench.py is loaded from the source tree by path, so these tests run whether or not flashcute's
-extension is built; the extension itself is replaced by a fake module where a test needs one.
+No GPU, torch or CuPy needed. The tests that run points use NumPy arrays through a fake array
+library (a NumPy "GPU" whose CUDA events always read 0.5 ms) and are skipped without NumPy.
 """
 
 from __future__ import annotations
 
-import importlib.util
+import csv
 import json
 import subprocess
 import sys
 import types
 from pathlib import Path
+from typing import Any
 
+import flashcute
+import flashcute.bench.cli as cli
+import flashcute.bench.files as files
+import flashcute.bench.report as report
+import flashcute.bench.timing as timing
 import pytest
+from flashcute.bench.arrays import ArrayLib, DeviceInfo, Inputs
+from flashcute.bench.check import check_slice
+from flashcute.bench.grid import Point, attention_flops, build_grid, tflops
+from flashcute.bench.impls import IMPLS, Flashcute, Impl, Runner
+from flashcute.bench.results import ImplResult, PointResult
+from flashcute.bench.run import run_point
+from flashcute.testing import Check
 
-BENCH_PY = Path(__file__).resolve().parents[2] / "python" / "flashcute" / "bench.py"
-
-
-@pytest.fixture(scope="module")
-def bench() -> types.ModuleType:
-    spec = importlib.util.spec_from_file_location("flashcute_bench_under_test", BENCH_PY)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up here
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+MODULES = ("arrays", "check", "cli", "files", "grid", "impls", "report", "results", "run", "timing")
+OPTIONAL = ("torch", "cupy", "numpy", "matplotlib", "rich")
 
 
-def fake_extension(count: int, status: str) -> types.ModuleType:
-    ext = types.ModuleType("flashcute._C")
-    ext.cuda_device_count = lambda: count
-    ext.cuda_status = lambda: status
-    return ext
+# ----------------------------------------------------------------------------------------- imports
 
 
-# ------------------------------------------------------------------------------------ arguments
+def test_importing_the_bench_pulls_in_no_optional_package():
+    # An import of a module whose sys.modules entry is None raises ImportError.
+    code = f"""
+import importlib, pkgutil, sys
+for name in {OPTIONAL!r}:
+    sys.modules[name] = None
+import flashcute.bench
+found = sorted(m.name for m in pkgutil.iter_modules(flashcute.bench.__path__) if m.name != "__main__")
+assert found == sorted({MODULES!r}), found
+for name in found:
+    importlib.import_module("flashcute.bench." + name)
+from flashcute.bench import cli, grid, report
+assert len(grid.build_grid(cli.parse_args(["--quick"]).grid)) == 8
+console = report.Console()  # no rich: plain prints
+assert console.rich is None
+console.log("plain line")
+assert all(sys.modules[name] is None for name in {OPTIONAL!r})
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "plain line\n"
 
 
-def test_import_needs_only_the_standard_library():
-    # Block the optional packages (an import of a None entry raises ImportError), then load bench.py.
-    code = (
-        "import importlib.util, sys\n"
-        "for m in ('torch', 'cupy', 'numpy', 'matplotlib', 'rich', 'tqdm', 'flashcute', 'flashcute._C'):\n"
-        "    sys.modules[m] = None\n"
-        f"spec = importlib.util.spec_from_file_location('b', {str(BENCH_PY)!r})\n"
-        "mod = importlib.util.module_from_spec(spec); sys.modules['b'] = mod; spec.loader.exec_module(mod)\n"
-        "mod.build_grid(mod.parse_args(['--quick']))\n"
+def test_python_dash_m_reports_usage_errors():
+    proc = subprocess.run(
+        [sys.executable, "-m", "flashcute.bench", "--headdims", "65"], capture_output=True, text=True
     )
-    subprocess.run([sys.executable, "-c", code], check=True)
+    assert proc.returncode == 2
+    assert "head dims must be multiples of 8" in proc.stderr
 
 
-def test_defaults_are_the_fa_grid(bench):
-    cfg = bench.parse_args([])
-    assert cfg.headdims == (64, 128, 256)
-    assert cfg.seqlens == (512, 1024, 2048, 4096, 8192, 16384)
-    assert cfg.causals == (False, True)
-    assert cfg.dtypes == ("bf16",)
-    assert (cfg.batch, cfg.nheads, cfg.nheads_k) == (None, None, None)
-    assert cfg.impls == ("flashcute", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient")
-    assert (cfg.warmup, cfg.iters) == (10, 30)
+# --------------------------------------------------------------------------------------- arguments
+
+
+def test_defaults_are_the_fa_grid():
+    cfg = cli.parse_args([])
+    g = cfg.grid
+    assert g.headdims == (64, 128, 256)
+    assert g.seqlens == (512, 1024, 2048, 4096, 8192, 16384)
+    assert g.causals == (False, True)
+    assert g.dtypes == ("bf16",)
+    assert (g.batch, g.nheads, g.nheads_k) == (None, None, None)
+    assert cfg.impls == ("flashcute", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient") == tuple(IMPLS)
+    assert (cfg.warmup, cfg.iters, cfg.seed, cfg.framework) == (10, 30, 0, "auto")
     assert cfg.out_dir == Path("bench-results") and cfg.plot
 
 
-def test_quick_grid_and_explicit_flags_win(bench):
-    quick = bench.parse_args(["--quick"])
+def test_quick_grid_and_explicit_flags_win():
+    quick = cli.parse_args(["--quick"]).grid
     assert quick.headdims == (64, 128) and quick.seqlens == (1024, 4096)
     assert quick.causals == (False, True) and quick.dtypes == ("bf16",)
-    assert len(bench.build_grid(quick)) == 8
-    cfg = bench.parse_args(["--quick", "--headdims", "256", "--causal", "yes", "--dtype", "both"])
-    assert cfg.headdims == (256,) and cfg.seqlens == (1024, 4096)
-    assert cfg.causals == (True,) and cfg.dtypes == ("bf16", "fp16")
+    assert len(build_grid(quick)) == 8
+    g = cli.parse_args(["--quick", "--headdims", "256", "--causal", "yes", "--dtype", "both"]).grid
+    assert g.headdims == (256,) and g.seqlens == (1024, 4096)
+    assert g.causals == (True,) and g.dtypes == ("bf16", "fp16")
 
 
-def test_flags_parse(bench, tmp_path):
-    cfg = bench.parse_args(
-        [
-            "--headdims",
-            "64,72",
-            "--seqlens",
-            "128,4096",
-            "--causal",
-            "no",
-            "--dtype",
-            "fp16",
-            "--batch",
-            "3",
-            "--nheads",
-            "8",
-            "--nheads-k",
-            "2",
-            "--warmup",
-            "2",
-            "--iters",
-            "7",
-            "--impls",
-            "flashcute,sdpa-cudnn",
-            "--out-dir",
-            str(tmp_path),
-            "--no-plot",
-            "--framework",
-            "cupy",
-        ]
-    )
-    assert cfg.headdims == (64, 72) and cfg.seqlens == (128, 4096)
-    assert cfg.causals == (False,) and cfg.dtypes == ("fp16",)
-    assert (cfg.batch, cfg.nheads, cfg.nheads_k) == (3, 8, 2)
-    assert (cfg.warmup, cfg.iters) == (2, 7)
-    assert cfg.impls == ("flashcute", "sdpa-cudnn")
+def test_flags_parse(tmp_path):
+    argv = "--headdims 64,72 --seqlens 128,4096 --causal no --dtype fp16 --batch 3 --nheads 8 --nheads-k 2"
+    argv += " --warmup 2 --iters 7 --impls flashcute,sdpa-cudnn,flashcute --no-plot --framework cupy --seed 5"
+    cfg = cli.parse_args(argv.split() + ["--out-dir", str(tmp_path)])
+    g = cfg.grid
+    assert g.headdims == (64, 72) and g.seqlens == (128, 4096)
+    assert g.causals == (False,) and g.dtypes == ("fp16",)
+    assert (g.batch, g.nheads, g.nheads_k) == (3, 8, 2)
+    assert (cfg.warmup, cfg.iters, cfg.seed) == (2, 7, 5)
+    assert cfg.impls == ("flashcute", "sdpa-cudnn")  # duplicates dropped
     assert cfg.out_dir == tmp_path and not cfg.plot and cfg.framework == "cupy"
 
 
@@ -122,23 +115,27 @@ def test_flags_parse(bench, tmp_path):
         ["--seqlens", "1k"],
         ["--impls", "flashcute,xformers"],
         ["--causal", "maybe"],
+        ["--dtype", "fp8"],
+        ["--framework", "jax"],
         ["--fa-grid", "--batch", "2"],  # contradictory
         ["--nheads", "0"],
+        ["--nheads-k", "-1"],
         ["--iters", "0"],
+        ["--warmup", "-1"],
     ],
 )
-def test_bad_arguments_are_usage_errors(bench, argv, capsys):
+def test_bad_arguments_are_usage_errors(argv, capsys):
     with pytest.raises(SystemExit) as exc:
-        bench.parse_args(argv)
+        cli.parse_args(argv)
     assert exc.value.code == 2
     assert "error" in capsys.readouterr().err
 
 
-# ------------------------------------------------------------------------------------------ grid
+# -------------------------------------------------------------------------------------------- grid
 
 
-def test_fa_grid_sizes(bench):
-    points = bench.build_grid(bench.parse_args(["--fa-grid", "--causal", "no"]))
+def test_fa_grid_sizes():
+    points = build_grid(cli.parse_args(["--fa-grid", "--causal", "no"]).grid)
     assert len(points) == 3 * 6
     for p in points:
         assert p.batch * p.seqlen == 16384 and p.nheads * p.headdim == 2048
@@ -149,24 +146,9 @@ def test_fa_grid_sizes(bench):
     assert (by_key[256, 16384].batch, by_key[256, 16384].nheads) == (1, 8)
 
 
-def test_grid_order_and_explicit_sizes(bench):
-    cfg = bench.parse_args(
-        [
-            "--dtype",
-            "both",
-            "--headdims",
-            "64,128",
-            "--seqlens",
-            "256,32768",
-            "--batch",
-            "2",
-            "--nheads",
-            "16",
-            "--nheads-k",
-            "4",
-        ]
-    )
-    points = bench.build_grid(cfg)
+def test_grid_order_and_explicit_sizes():
+    argv = "--dtype both --headdims 64,128 --seqlens 256,32768 --batch 2 --nheads 16 --nheads-k 4"
+    points = build_grid(cli.parse_args(argv.split()).grid)
     assert len(points) == 2 * 2 * 2 * 2
     assert [(p.dtype, p.headdim, p.causal, p.seqlen) for p in points[:4]] == [
         ("bf16", 64, False, 256),
@@ -174,145 +156,399 @@ def test_grid_order_and_explicit_sizes(bench):
         ("bf16", 64, True, 256),
         ("bf16", 64, True, 32768),
     ]
+    assert points[-1].dtype == "fp16"
     assert all((p.batch, p.nheads, p.nheads_k) == (2, 16, 4) for p in points)
+    assert points[0].label == "bf16 d=64 full s=256 b=2 h=16/4"
     # Beyond 16k tokens the FA grid keeps one sequence per batch.
-    long = bench.build_grid(bench.parse_args(["--seqlens", "32768", "--headdims", "128"]))
+    long = build_grid(cli.parse_args(["--seqlens", "32768", "--headdims", "128"]).grid)
     assert {p.batch for p in long} == {1}
 
 
-def test_gqa_must_divide(bench):
+def test_gqa_must_divide():
     with pytest.raises(ValueError, match="multiple"):
-        bench.build_grid(bench.parse_args(["--headdims", "96", "--nheads-k", "4"]))  # 2048 // 96 = 21 heads
+        build_grid(cli.parse_args(["--headdims", "96", "--nheads-k", "4"]).grid)  # 2048 // 96 = 21 heads
 
 
-def test_flops_like_flashattention(bench):
-    assert bench.attention_flops(1, 1, 128, 128, 64, causal=False) == 4 * 128 * 128 * 64
-    assert bench.attention_flops(4, 16, 4096, 4096, 128, causal=True) == 4 * 4 * 16 * 4096 * 4096 * 128 // 2
-    assert bench.attention_flops(2, 3, 100, 300, 32, causal=False) == 4 * 2 * 3 * 100 * 300 * 32
-    p = bench.Point("bf16", 128, True, 4096, 4, 16, 16)
-    assert p.flops == 2 * 4 * 16 * 4096 * 4096 * 128
-    full = bench.Point("bf16", 128, False, 4096, 4, 16, 16)
-    assert full.flops == 2 * p.flops
-    # FA grid, d=128, non-causal: 4 * 16384 tokens * 4096 * 2048 hidden = 549.8 GFLOP at every seqlen 4k point
+def test_flops_like_flashattention():
+    assert attention_flops(1, 1, 128, 128, 64, causal=False) == 4 * 128 * 128 * 64
+    assert attention_flops(4, 16, 4096, 4096, 128, causal=True) == 4 * 4 * 16 * 4096 * 4096 * 128 // 2
+    assert attention_flops(2, 3, 100, 300, 32, causal=False) == 4 * 2 * 3 * 100 * 300 * 32
+    causal = Point("bf16", 128, True, 4096, 4, 16, 16)
+    assert causal.flops == 2 * 4 * 16 * 4096 * 4096 * 128
+    full = Point("bf16", 128, False, 4096, 4, 16, 16)
+    assert full.flops == 2 * causal.flops
+    # FA grid, d=128, non-causal: 4 * 16384 tokens * 4096 * 2048 hidden = 549.8 GFLOP at seqlen 4k
     assert full.flops == 4 * 16384 * 4096 * 2048
-    assert bench.tflops(10**12, 1000.0) == pytest.approx(1.0)
-    assert bench.tflops(full.flops, 1.5) == pytest.approx(full.flops / 1.5e-3 / 1e12)
+    assert tflops(10**12, 1000.0) == pytest.approx(1.0)
+    assert tflops(full.flops, 1.5) == pytest.approx(full.flops / 1.5e-3 / 1e12)
 
 
-def test_input_rotation_only_when_l2_resident(bench):
+def test_input_rotation_only_when_l2_resident():
     mib = 1 << 20
-    assert bench.input_sets_needed(256 * mib, 50 * mib) == 1  # the FA grid: 4 x 64 MiB
-    assert bench.input_sets_needed(10 * mib, 50 * mib) == 15  # ceil(3 * 50 / 10)
-    assert bench.input_sets_needed(1, 50 * mib) == bench.MAX_INPUT_SETS
+    assert timing.input_sets_needed(256 * mib, 50 * mib) == 1  # the FA grid: 4 x 64 MiB
+    assert timing.input_sets_needed(10 * mib, 50 * mib) == 15  # ceil(3 * 50 / 10)
+    assert timing.input_sets_needed(1, 50 * mib) == timing.MAX_INPUT_SETS
+    assert timing.input_sets_needed(200 * mib, None) == 2  # unknown L2: assume 128 MiB
 
 
-def test_fa_tolerance(bench):
-    assert bench.fa_tolerance(naive_err=0.01, rounding_slack=0.002) == pytest.approx(0.022)
+def test_check_slice():
+    small = check_slice(Point("bf16", 64, False, 256, 2, 4, 4))
+    assert (small.scope, small.batches, small.heads) == ("full", slice(0, 2), [0, 1, 2, 3])
+    fa_point = check_slice(Point("bf16", 128, True, 4096, 4, 16, 4))
+    assert (fa_point.scope, fa_point.batches, fa_point.heads) == ("b0 h[0, 15]", slice(0, 1), [0, 15])
+    many_heads = Point("bf16", 64, False, 128, 64, 64, 64)  # few scores, but 4096 (b, h) pairs
+    assert check_slice(many_heads).scope == "b0 h[0, 63]"
+    assert check_slice(Point("bf16", 64, False, 8192, 1, 1, 1)).heads == [0]
 
 
-# --------------------------------------------------------------------------------------- reports
+# ------------------------------------------------------------------------------- runs on fake arrays
 
 
-def _result(bench, seqlen: int, fc_ms: float | None, flash_ms: float | None, passed: bool = True):
-    point = bench.Point("bf16", 128, False, seqlen, 16384 // seqlen, 16, 16)
-    check = bench.CheckResult(passed, 1e-3 if passed else float("nan"), 2e-2, 5e-3, passed, "b0 h[0, 15]")
-    impls = {
-        "flashcute": bench.ImplResult("ok" if passed else "fail", [fc_ms] * 3 if fc_ms else [], check=check),
-        "sdpa-flash": bench.ImplResult("ok", [flash_ms] * 3, layout="view")
-        if flash_ms
-        else bench.ImplResult("n/a", note="No available kernel"),
-    }
-    return bench.PointResult(point, impls)
+class FakeEvent:
+    def record(self) -> None:
+        pass
 
 
-def test_summary_line(bench):
-    results = [_result(bench, 512, 2.0, 1.0), _result(bench, 1024, 1.0, 1.0), _result(bench, 4096, 1.0, 2.0)]
-    line = bench.summary_line(results, "NVIDIA H200")
+class NumpyLib(ArrayLib):
+    """NumPy arrays posing as a GPU library: every timed call takes 0.5 ms."""
+
+    name = "numpy"
+
+    @classmethod
+    def load(cls) -> NumpyLib:
+        return cls(pytest.importorskip("numpy"))
+
+    @staticmethod
+    def installed_versions() -> dict[str, Any]:
+        return {}
+
+    def device_info(self) -> DeviceInfo:
+        return DeviceInfo("Fake GPU", "9.0", 132, 50 << 20, 80 << 30)
+
+    def randn(self, shape: tuple[int, ...], dtype: str, seed: int) -> Any:
+        assert dtype == "fp16"  # NumPy has no bfloat16
+        return self.m.random.default_rng(seed).standard_normal(shape).astype(self.m.float16)
+
+    def is_oom(self, exc: BaseException) -> bool:
+        return False
+
+    def event(self) -> Any:
+        return FakeEvent()
+
+    def elapsed_ms(self, start: Any, end: Any) -> float:
+        return 0.5
+
+    def synchronize(self) -> None:
+        pass
+
+
+def naive_attention(q: Any, k: Any, v: Any, *, softmax_scale: float, causal: bool, kv_head_zero: bool = False) -> Any:
+    """Attention computed plainly in float16 (it passes the check); with kv_head_zero every query
+    head reads KV head 0 (wrong under GQA)."""
+    from flashcute.testing import attention_ref
+
+    if kv_head_zero:
+        k, v = k[:, :, :1], v[:, :, :1]
+    out, _ = attention_ref(q, k, v, softmax_scale=softmax_scale, causal=causal, lowp="float16")
+    return out.astype("float16")
+
+
+class FakeImpl(Impl):
+    def __init__(self, name: str, fn: Any) -> None:
+        self.name, self.fn = name, fn
+
+    def prepare(self, point: Point, input_sets: Any, softmax_scale: float) -> Runner:
+        def call(x: Inputs) -> Any:
+            return lambda: self.fn(x.q, x.k, x.v, softmax_scale=softmax_scale, causal=point.causal)
+
+        return Runner([call(x) for x in input_sets])
+
+
+class FakeFlashcute(Flashcute):
+    """flashcute's name and error handling around a fake kernel."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+
+    def prepare(self, point: Point, input_sets: Any, softmax_scale: float) -> Runner:
+        return FakeImpl(self.name, self.fn).prepare(point, input_sets, softmax_scale)
+
+
+def _raise(exc: BaseException) -> Any:
+    def fn(*args: Any, **kwargs: Any) -> Any:
+        raise exc
+
+    return fn
+
+
+def test_run_point_checks_gqa_slices_and_times():
+    lib = NumpyLib.load()
+    point = Point("fp16", 8, True, 16, 1, 80, 4)  # 80 (b, h) pairs: checked on heads 0 and 79
+    impls = [
+        FakeImpl("flashcute", naive_attention),
+        FakeImpl("peer-wrong", lambda *a, **kw: naive_attention(*a, **kw, kv_head_zero=True)),
+        FakeImpl("peer-raises", _raise(RuntimeError("No available kernel\nmore"))),
+    ]
+    pr = run_point(lib, impls, point, seed=0, warmup=2, iters=5, l2_bytes=None)
+    assert pr.input_sets == timing.MAX_INPUT_SETS  # a few KiB of inputs sit in L2
+    fc = pr.impls["flashcute"]
+    assert fc.status == "ok" and fc.check is not None and fc.check.ok
+    assert fc.check_scope == "b0 h[0, 79]" and fc.times_ms == [0.5] * 5
+    wrong = pr.impls["peer-wrong"]  # a peer's wrong output is recorded, not a failure of the run
+    assert wrong.status == "ok" and wrong.check is not None and not wrong.check.ok
+    assert pr.impls["peer-raises"].status == "n/a"
+    assert pr.impls["peer-raises"].note == "RuntimeError: No available kernel"
+    assert not pr.failed
+
+
+@pytest.mark.parametrize(
+    ("fn", "status"),
+    [
+        (lambda *a, **kw: naive_attention(*a, **kw, kv_head_zero=True), "fail"),
+        (_raise(RuntimeError("launch failed")), "error"),
+        (_raise(NotImplementedError("head dim 8 is not compiled")), "n/a"),
+    ],
+)
+def test_run_point_verdicts_for_flashcute(fn, status):
+    lib = NumpyLib.load()
+    point = Point("fp16", 8, False, 16, 1, 80, 4)
+    pr = run_point(lib, [FakeFlashcute(fn)], point, seed=0, warmup=0, iters=2, l2_bytes=None)
+    assert pr.impls["flashcute"].status == status
+    assert pr.failed == (status != "n/a")
+    if status == "fail":
+        assert "max error" in pr.impls["flashcute"].note
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """A machine whose flashcute sees a GPU, with NumPy as its array library and a NumPy
+    flash_attn_func that computes correct attention."""
+    lib = NumpyLib.load()
+    monkeypatch.setattr(flashcute._C, "cuda_device_count", lambda: 1)
+    monkeypatch.setattr(flashcute._C, "cuda_status", lambda: "ok")
+    monkeypatch.setattr(cli, "select_array_lib", lambda framework: lib)
+    monkeypatch.setattr(flashcute, "compiled_dtypes", lambda: ["float16"])
+    monkeypatch.setattr(flashcute, "kernel_head_dim", lambda d: 64 if d <= 64 else 0)
+    monkeypatch.setattr(flashcute, "flash_attn_func", naive_attention)
+    return monkeypatch
+
+
+SMALL_RUN = "--dtype fp16 --headdims 64,128 --seqlens 64,512 --batch 1 --nheads 2 --nheads-k 1"
+SMALL_RUN += " --warmup 1 --iters 3 --no-plot"
+
+
+def test_main_end_to_end_on_a_fake_gpu(fake_gpu, capsys, tmp_path):
+    rc = cli.main(SMALL_RUN.split() + ["--out-dir", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert rc == 0, out + err
+    assert "numpy is in use, so only flashcute can be timed" in err  # the SDPA backends need torch
+    assert "flashcute.bench: Fake GPU (sm_90, 132 SMs), numpy, 8 points, impls flashcute, warmup 1, iters 3" in out
+    assert "fp16 d=64 causal s=512 b=1 h=2/1: flashcute 0.1  [check pass " in out
+    assert "flashcute n/a: no kernel for head dim 128 in this build (compiled: " in out
+    assert out.splitlines()[-1] == "flashcute.bench summary [Fake GPU]: 4/4 points correct (4 n/a); no SDPA comparison"
+
+    (csv_path,) = tmp_path.glob("bench-*.csv")
+    (json_path,) = tmp_path.glob("bench-*.json")
+    assert csv_path.stem == json_path.stem and len(csv_path.stem) == len("bench-YYYYmmdd-HHMMSS")
+    assert not list(tmp_path.glob("*.png"))  # --no-plot
+    rows = list(csv.DictReader(csv_path.open()))
+    assert [r["status"] for r in rows] == ["ok"] * 4 + ["n/a"] * 4
+    assert rows[0]["check"] == "pass" and rows[0]["check_scope"] == "full" and rows[0]["iters"] == "3"
+    doc = json.loads(json_path.read_text())
+    meta = doc["meta"]
+    assert meta["gpu"]["name"] == "Fake GPU" and meta["framework"] == "numpy"
+    assert meta["argv"][:2] == ["--dtype", "fp16"] and meta["config"]["grid"]["nheads_k"] == 1
+    assert meta["flops_formula"].startswith("4 * batch * nheads") and "median" in meta["timing"]
+    assert meta["versions"]["flashcute"] == flashcute.__version__
+    assert doc["results"][0]["times_ms"] == [0.5, 0.5, 0.5]
+
+
+def test_main_exit_code_3_when_flashcute_is_wrong_and_the_run_goes_on(fake_gpu, capsys, tmp_path):
+    fake_gpu.setattr(flashcute, "flash_attn_func", lambda q, k, v, **kw: q * 0)
+    rc = cli.main(SMALL_RUN.split() + ["--out-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 3
+    assert out.count("(fail: out: max error") == 4  # every point ran
+    assert "summary [Fake GPU]: 0/4 points correct (4 n/a)" in out
+
+
+def test_main_with_no_impl_for_the_library(fake_gpu, capsys, tmp_path):
+    assert cli.main(["--impls", "sdpa-flash", "--out-dir", str(tmp_path)]) == 2
+    assert "none of --impls sdpa-flash can run on numpy arrays" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------------------- reports
+
+
+def _result(seqlen: int, fc_ms: float | None, flash_ms: float | None, passed: bool = True) -> PointResult:
+    point = Point("bf16", 128, False, seqlen, 16384 // seqlen, 16, 16)
+    message = "" if passed else "out: max error nan > bound 2.000e-02"
+    check = Check(passed, 1e-3 if passed else float("nan"), 2e-2, 5e-3, message=message)
+    fc = ImplResult("ok" if passed else "fail", [fc_ms] * 3 if fc_ms else [], check=check, check_scope="b0 h[0, 15]")
+    if not passed:
+        fc.note = message
+    flash = ImplResult("ok", [flash_ms] * 3, layout="view") if flash_ms else ImplResult("n/a", note="No kernel")
+    return PointResult(point, {"flashcute": fc, "sdpa-flash": flash})
+
+
+def test_summary_line():
+    results = [_result(512, 2.0, 1.0), _result(1024, 1.0, 1.0), _result(4096, 1.0, 2.0)]
+    line = report.summary_line(results, "NVIDIA H200")
     assert line.startswith("flashcute.bench summary [NVIDIA H200]: 3/3 points correct")
     assert "fc/flash seqlen>=1k: min 1.00x geomean 1.41x (2 pts)" in line
     assert "fc/flash seqlen<1k: min 0.50x geomean 0.50x (1 pts)" in line
-    with_failure = results + [_result(bench, 2048, 0.01, 1.0, passed=False)]  # a wrong result's speed is ignored
-    line = bench.summary_line(with_failure, "NVIDIA H200")
+    assert "fc/cudnn" not in line
+    with_failure = results + [_result(2048, 0.01, 1.0, passed=False)]  # a wrong result's speed is ignored
+    line = report.summary_line(with_failure, "NVIDIA H200")
     assert "3/4 points correct" in line and "fc/flash seqlen>=1k: min 1.00x geomean 1.41x (2 pts)" in line
-    failing = [_result(bench, 1024, 1.0, None, passed=False)]
-    line = bench.summary_line(failing, "gpu")
+    failing = [_result(1024, 1.0, None, passed=False)]
+    line = report.summary_line(failing, "gpu")
     assert "0/1 points correct" in line and "no SDPA comparison" in line
-    assert failing[0].flashcute_failed
+    assert failing[0].failed
 
 
-def test_table_csv_json(bench, tmp_path):
-    results = [_result(bench, 1024, 1.0, 2.0), _result(bench, 2048, 4.0, None, passed=False)]
-    header, rows = bench.table_rows(results, ["flashcute", "sdpa-flash"])
+def test_summary_line_with_cudnn():
+    pr = _result(2048, 1.0, 2.0)
+    pr.impls["sdpa-cudnn"] = ImplResult("ok", [0.5])
+    line = report.summary_line([pr], "gpu")
+    assert line.endswith(
+        "fc/flash seqlen>=1k: min 2.00x geomean 2.00x (1 pts); fc/cudnn seqlen>=1k: min 0.50x geomean 0.50x (1 pts)"
+    )
+
+
+def test_point_line_and_table():
+    ok, bad = _result(1024, 1.0, 2.0), _result(2048, 4.0, None, passed=False)
+    line = report.point_line(ok, ["flashcute", "sdpa-flash"])
+    assert line == "bf16 d=128 full s=1024 b=16 h=16: flashcute 137.4, sdpa-flash 68.7  [check pass 1.0e-03<=2.0e-02]"
+    line = report.point_line(bad, ["flashcute", "sdpa-flash"])
+    assert "(fail: out: max error nan" in line and "sdpa-flash n/a" in line
+    assert line.endswith("[check FAIL nan<=2.0e-02]")
+
+    header, rows = report.table_rows([ok, bad], ["flashcute", "sdpa-flash"])
     assert header[:6] == ["dtype", "d", "causal", "seqlen", "batch", "heads"]
-    assert "fc/flash" in header and header[-1] == "check"
+    assert header[6:] == ["flashcute TF/s", "sdpa-flash TF/s", "fc/flash", "check"]
     assert rows[0][header.index("fc/flash")] == "2.00"
     assert rows[1][header.index("sdpa-flash TF/s")] == "n/a"
     assert rows[1][-1].startswith("FAIL")
 
-    bench.write_csv(tmp_path / "r.csv", results)
-    lines = (tmp_path / "r.csv").read_text().splitlines()
-    assert len(lines) == 1 + 4 and lines[0].startswith("dtype,headdim,causal,seqlen")
 
-    bench.write_json(tmp_path / "r.json", results, {"gpu": {"name": "test"}})
+def test_plain_console_table(capsys):
+    console = report.Console()
+    console.rich = None  # what it is without rich
+    console.table("title", ["dtype", "d", "causal", "TF/s", "check"], [["bf16", "64", "no", "123.4", "pass"]])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == ["title", "dtype  d   causal   TF/s  check", "bf16   64  no      123.4  pass "]
+
+
+def test_rich_console_keeps_lines_whole_off_a_terminal(capsys):
+    pytest.importorskip("rich", reason="rich (the bench extra) is not installed")
+    console = report.Console()
+    assert console.rich is not None and console.rich.width == report.LOG_WIDTH
+    long = "x" * 300
+    console.log(long)
+    with console.progress(3, "benchmark") as advance:  # no bar off a terminal
+        advance()
+    assert capsys.readouterr().out == long + "\n"
+
+
+def test_csv_and_json_hold_the_same_records(tmp_path):
+    results = [_result(1024, 1.0, 2.0), _result(2048, 4.0, None, passed=False)]
+    files.write_csv(tmp_path / "r.csv", results)
+    rows = list(csv.DictReader((tmp_path / "r.csv").open()))
+    assert len(rows) == 4
+    assert list(rows[0])[:7] == ["dtype", "headdim", "causal", "seqlen", "batch", "nheads", "nheads_k"]
+    assert "times_ms" not in rows[0] and rows[0]["iters"] == "3"
+    assert (rows[0]["impl"], rows[0]["check"], rows[0]["check_scope"]) == ("flashcute", "pass", "b0 h[0, 15]")
+    assert rows[2]["status"] == "fail" and rows[2]["max_err"] == "nan"
+
+    files.write_json(tmp_path / "r.json", results, {"gpu": {"name": "test"}})
     doc = json.loads((tmp_path / "r.json").read_text())  # strict JSON: NaN errors became strings
     assert doc["meta"]["gpu"]["name"] == "test"
-    first = doc["points"][0]
+    first = doc["results"][0]
     assert first["flops"] == 4 * 16 * 1024 * 1024 * 16 * 128
-    assert first["impls"]["flashcute"]["times_ms"] == [1.0, 1.0, 1.0]
-    assert first["impls"]["flashcute"]["tflops"] == pytest.approx(first["flops"] / 1e-3 / 1e12)
-    assert doc["points"][1]["impls"]["flashcute"]["check"]["max_err"] == "nan"
-    assert doc["points"][1]["impls"]["sdpa-flash"]["status"] == "n/a"
+    assert first["times_ms"] == [1.0, 1.0, 1.0]
+    assert first["tflops"] == pytest.approx(first["flops"] / 1e-3 / 1e12)
+    assert doc["results"][2]["max_err"] == "nan"
+    assert doc["results"][3]["status"] == "n/a" and doc["results"][3]["note"] == "No kernel"
+    for row, rec in zip(rows, doc["results"]):  # one record builder: the same fields, times aside
+        assert list(row) == [k for k in rec if k != "times_ms"]
+        assert row["status"] == rec["status"] and row["impl"] == rec["impl"]
 
 
-# ------------------------------------------------------------------------------------------ main
+def test_output_names():
+    import datetime
+
+    stem = files.output_stem(Path("out"), datetime.datetime(2026, 1, 2, 3, 4, 5))
+    assert stem == Path("out/bench-20260102-030405")
 
 
-def test_main_without_gpu_fails_clearly(bench, monkeypatch, capsys, tmp_path):
-    monkeypatch.setitem(
-        sys.modules, "flashcute._C", fake_extension(0, "cudaGetDeviceCount: no CUDA-capable device is detected")
-    )
-    rc = bench.main(["--quick", "--out-dir", str(tmp_path)])
+def test_plot(tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib (the bench extra) is not installed")
+    results = [_result(1024, 1.0, 2.0), _result(2048, 4.0, None, passed=False)]
+    assert files.write_plot(tmp_path / "r.png", results, ["flashcute", "sdpa-flash"], "title")
+    assert (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_no_plot_without_matplotlib(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    assert not files.write_plot(tmp_path / "r.png", [_result(1024, 1.0, 2.0)], ["flashcute"], "title")
+    assert not (tmp_path / "r.png").exists()
+
+
+# ------------------------------------------------------------------------------------- no GPU here
+
+
+def _fake_extension(monkeypatch, count: int, status: str) -> None:
+    monkeypatch.setattr(flashcute._C, "cuda_device_count", lambda: count)
+    monkeypatch.setattr(flashcute._C, "cuda_status", lambda: status)
+
+
+def test_main_without_gpu_fails_clearly(monkeypatch, capsys, tmp_path):
+    _fake_extension(monkeypatch, 0, "cudaGetDeviceCount: no CUDA-capable device is detected")
+    rc = cli.main(["--quick", "--out-dir", str(tmp_path)])
     err = capsys.readouterr().err
     assert rc == 1
     assert (
         "flashcute.bench: no CUDA GPU found (cudaGetDeviceCount: no CUDA-capable device is detected): "
         "this benchmark needs an sm80+ NVIDIA GPU"
     ) in err
-    assert not any(tmp_path.iterdir())  # nothing written, nothing faked
+    assert not any(tmp_path.iterdir())  # nothing written
 
 
-def test_main_without_extension_fails_clearly(bench, monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, "flashcute._C", None)  # import raises ImportError
-    assert bench.main([]) == 1
-    assert "flashcute._C cannot be imported" in capsys.readouterr().err
-
-
-def test_main_without_torch_or_cupy(bench, monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, "flashcute._C", fake_extension(1, "ok"))
-    monkeypatch.setattr(bench, "_import_optional", lambda name: None)
-    assert bench.main([]) == 2
+def test_main_without_torch_or_cupy(monkeypatch, capsys):
+    _fake_extension(monkeypatch, 1, "ok")
+    monkeypatch.setitem(sys.modules, "torch", None)
+    monkeypatch.setitem(sys.modules, "cupy", None)
+    assert cli.main([]) == 2
     err = capsys.readouterr().err
     assert "neither torch nor CuPy" in err and "torch is not installed" in err and "cupy is not installed" in err
 
 
-def test_main_when_torch_sees_no_gpu(bench, monkeypatch, capsys):
-    fake_torch = types.SimpleNamespace(__version__="2.11.0+cpu", cuda=types.SimpleNamespace(is_available=lambda: False))
-    monkeypatch.setitem(sys.modules, "flashcute._C", fake_extension(1, "ok"))
-    monkeypatch.setattr(bench, "_import_optional", lambda name: fake_torch if name == "torch" else None)
-    assert bench.main(["--framework", "torch"]) == 1
+def _fake_torch(available: bool, major: int = 9, minor: int = 0) -> types.SimpleNamespace:
+    props = types.SimpleNamespace(
+        name="Old GPU", major=major, minor=minor, multi_processor_count=80, L2_cache_size=6 << 20, total_memory=1 << 34
+    )
+    cuda = types.SimpleNamespace(
+        is_available=lambda: available, current_device=lambda: 0, get_device_properties=lambda i: props
+    )
+    return types.SimpleNamespace(__version__="2.11.0+cpu", cuda=cuda)
+
+
+def test_main_when_torch_sees_no_gpu(monkeypatch, capsys):
+    _fake_extension(monkeypatch, 1, "ok")
+    monkeypatch.setitem(sys.modules, "torch", _fake_torch(available=False))
+    assert cli.main(["--framework", "torch"]) == 1
     assert "no CUDA GPU found (torch 2.11.0+cpu sees no CUDA device)" in capsys.readouterr().err
 
 
-def test_main_reports_impossible_gqa_before_looking_for_a_gpu(bench, monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, "flashcute._C", None)
-    assert bench.main(["--headdims", "96", "--nheads-k", "4"]) == 2
+def test_main_refuses_a_gpu_older_than_sm80(monkeypatch, capsys):
+    _fake_extension(monkeypatch, 1, "ok")
+    monkeypatch.setitem(sys.modules, "torch", _fake_torch(available=True, major=7, minor=5))
+    assert cli.main(["--framework", "torch"]) == 1
+    assert "no CUDA GPU found (Old GPU is sm_75): this benchmark needs an sm80+ NVIDIA GPU" in capsys.readouterr().err
+
+
+def test_main_reports_impossible_gqa_before_looking_for_a_gpu(monkeypatch, capsys):
+    monkeypatch.setattr(flashcute._C, "cuda_device_count", _raise(AssertionError("must not be asked")))
+    assert cli.main(["--headdims", "96", "--nheads-k", "4"]) == 2
     assert "not a multiple of --nheads-k 4" in capsys.readouterr().err
-
-
-def test_check_slice(bench):
-    small = bench.Point("bf16", 64, False, 256, 2, 4, 4)
-    assert bench.check_slice(small) == ("full", slice(0, 2), [0, 1, 2, 3])
-    fa_point = bench.Point("bf16", 128, True, 4096, 4, 16, 4)
-    assert bench.check_slice(fa_point) == ("b0 h[0, 15]", slice(0, 1), [0, 15])
-    many_heads = bench.Point("bf16", 64, False, 128, 64, 64, 64)  # few scores, but 4096 (b, h) pairs
-    assert bench.check_slice(many_heads)[0] == "b0 h[0, 63]"

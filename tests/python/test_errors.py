@@ -360,11 +360,13 @@ def test_softmax_scale_python(scale, exc):
         flashcute.flash_attn_func(q, k, v, softmax_scale=scale)
 
 
-@pytest.mark.parametrize("name", ["causal", "return_lse"])
+@pytest.mark.parametrize("name", ["causal", "return_lse", "deterministic", "return_attn_probs"])
 def test_bool_args(name):
     q, k, v = qkv()
     with raises(TypeError, f"{name}: expected a bool"):
         flashcute.flash_attn_func(q, k, v, **{name: "yes"})
+    with raises(TypeError, "q: expected a CUDA array"):  # a real bool is accepted
+        flashcute.flash_attn_func(q, k, v, **{name: True})
 
 
 @pytest.mark.parametrize("stream", ["abc", 1.5, object(), True, b"\x00"])
@@ -401,10 +403,66 @@ def test_stream_values():
             flashcute.flash_attn_func(q, k, v, stream=s)
 
 
-def test_keyword_only():
+def test_flash_attention_2_positional_order():
+    # FlashAttention-2's order: q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+    # alibi_slopes, deterministic, return_attn_probs. Each positional lands where FA2 puts it.
     q, k, v = qkv()
-    with pytest.raises(TypeError):
-        flashcute.flash_attn_func(q, k, v, 0.125)  # softmax_scale is keyword-only
+    with raises(NotImplementedError, "dropout_p: flashcute has no dropout yet", "got 0.125"):
+        flashcute.flash_attn_func(q, k, v, 0.125)
+    with raises(TypeError, "q: expected a CUDA array"):  # all valid: got to the array checks
+        flashcute.flash_attn_func(q, k, v, 0.0, 0.125, True, (8, 0), 30.0, None, True, False)
+    with raises(ValueError, "softmax_scale must be a finite number > 0"):
+        flashcute.flash_attn_func(q, k, v, 0.0, -1.0)
+    with raises(TypeError, "causal: expected a bool"):
+        flashcute.flash_attn_func(q, k, v, 0.0, None, "yes")
+    with raises(NotImplementedError, "alibi_slopes"):
+        flashcute.flash_attn_func(q, k, v, 0.0, None, False, (-1, -1), 0.0, np.ones(8, np.float32))
+    with pytest.raises(TypeError):  # return_lse, out and stream are keyword-only
+        flashcute.flash_attn_func(q, k, v, 0.0, None, False, (-1, -1), 0.0, None, False, False, True)
+
+
+@pytest.mark.parametrize("p, exc, fragment", [(-0.1, ValueError, "dropout_p: expected a probability in [0, 1)"),
+                                              (1.0, ValueError, "dropout_p: expected a probability in [0, 1)"),
+                                              (float("nan"), ValueError, "dropout_p"),
+                                              ("0.1", TypeError, "dropout_p: expected a float"),
+                                              (0.5, NotImplementedError, "dropout_p must be 0.0")])
+def test_dropout_p(p, exc, fragment):
+    q, k, v = qkv()
+    with raises(exc, fragment):
+        flashcute.flash_attn_func(q, k, v, dropout_p=p)
+
+
+def test_errors_carry_their_structure():
+    # The compiled validation's Status, as attributes of the exception.
+    q, k, v = qkv()
+    with pytest.raises(TypeError) as info:
+        fwd(q, k.astype(np.float32), v)
+    assert (info.value.arg, info.value.expected, info.value.got) == ("k", "float16 like q", "float32")
+    _, k3, v3 = qkv(b=3)
+    with pytest.raises(ValueError) as info:
+        fwd(q, k3, v3)
+    assert info.value.arg == "k" and info.value.expected == "batch 2 like q" and info.value.got == "3"
+    with pytest.raises(ValueError) as info:
+        fwd(q, k, v, softcap=-1.0)
+    assert info.value.arg == "softcap" and "-1" in info.value.got
+
+
+def test_outputs_must_be_writable():
+    q, k, v = qkv()
+    out = np.empty_like(q)
+    out.flags.writeable = False
+    with raises(TypeError, "out: expected a writable array, got a read-only numpy.ndarray"):
+        fwd(q, k, v, out=out)
+    lse = np.empty((2, 8, 128), np.float32)
+    lse.flags.writeable = False
+    with raises(TypeError, "lse: expected a writable array"):
+        fwd(q, k, v, lse=lse)
+    # Read-only inputs are fine: only the device check is left.
+    needs_fp16_kernels(64)
+    for a in (q, k, v):
+        a.flags.writeable = False
+    with raises(TypeError, "q: expected a CUDA array"):
+        fwd(q, k, v)
 
 
 # ------------------------------------------------------------------------------------ frameworks (faked)

@@ -1,68 +1,73 @@
 """flash_attn_func from CuPy and JAX (GPU): results come back in the caller's framework and match
-a NumPy fp32 reference; mixed frameworks and JAX-specific misuse are refused."""
+the fp32 reference (flashcute.testing); mixed frameworks and JAX-specific misuse are refused."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Tuple
 
 import numpy as np
 import pytest
 
 import flashcute
-from fc_reference import assert_close_np, assert_lse_close_np, attention_ref_np, require_kernel
+from flashcute.testing import check_attention
 
 pytestmark = pytest.mark.gpu
 
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    b: int
+    sq: int
+    sk: int
+    h: int
+    hk: int
+    d: int
+    causal: bool = False
+    window: Tuple[int, int] = (-1, -1)
+    softcap: float = 0.0
+
+    @property
+    def options(self) -> dict:
+        return dict(causal=self.causal, window_size=self.window, softcap=self.softcap)
+
+
 CASES = [
-    # (b, sq, sk, h, hk, d, causal, window, softcap)
-    (2, 128, 128, 4, 4, 64, False, (-1, -1), 0.0),
-    (1, 113, 300, 8, 2, 128, True, (-1, -1), 0.0),
-    (2, 300, 113, 4, 1, 40, True, (-1, -1), 0.0),  # the first 187 rows see no key
-    (1, 257, 257, 2, 2, 96, False, (32, 17), 30.0),
+    Case("mha", 2, 128, 128, 4, 4, 64),
+    Case("gqa_causal", 1, 113, 300, 8, 2, 128, causal=True),
+    Case("mqa_causal_sq>sk", 2, 300, 113, 4, 1, 40, causal=True),  # the first 187 rows see no key
+    Case("window_softcap", 1, 257, 257, 2, 2, 96, window=(32, 17), softcap=30.0),
 ]
-CASE_IDS = ["mha", "gqa_causal", "mqa_causal_sq>sk", "window_softcap"]
 
 
-def _inputs(case, seed=0):
-    b, sq, sk, h, hk, d = case[:6]
+def _inputs(c: Case, seed=0):
     rng = np.random.default_rng(seed)
-    return (rng.standard_normal((b, sq, h, d), dtype=np.float32),
-            rng.standard_normal((b, sk, hk, d), dtype=np.float32),
-            rng.standard_normal((b, sk, hk, d), dtype=np.float32))
-
-
-def _check(out, lse, q32, k32, v32, case, lowp):
-    causal, window, softcap = case[6:]
-    kw = dict(causal=causal, window_size=window, softcap=softcap)
-    out_ref, lse_ref = attention_ref_np(q32, k32, v32, **kw)
-    out_naive, lse_naive = attention_ref_np(q32, k32, v32, lowp=lowp, **kw)
-    assert_close_np(out, out_ref, out_naive)
-    assert_lse_close_np(lse, lse_ref, lse_naive)
+    return (rng.standard_normal((c.b, c.sq, c.h, c.d), dtype=np.float32),
+            rng.standard_normal((c.b, c.sk, c.hk, c.d), dtype=np.float32),
+            rng.standard_normal((c.b, c.sk, c.hk, c.d), dtype=np.float32))
 
 
 # ------------------------------------------------------------------------------------ CuPy
 
 
-@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
-def test_cupy(cupy, case):
-    require_kernel("float16", case[5])
-    q32, k32, v32 = _inputs(case)
-    # Round to fp16 on the host so that the reference sees exactly the kernel's inputs.
-    q32, k32, v32 = (a.astype(np.float16).astype(np.float32) for a in (q32, k32, v32))
-    q, k, v = (cupy.asarray(a.astype(np.float16)) for a in (q32, k32, v32))
-    causal, window, softcap = case[6:]
-    out, lse = flashcute.flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=softcap,
-                                         return_lse=True)
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_cupy(cupy, require_kernel, case):
+    require_kernel("float16", case.d)
+    q, k, v = (cupy.asarray(a.astype(np.float16)) for a in _inputs(case))
+    out, lse = flashcute.flash_attn_func(q, k, v, return_lse=True, **case.options)
     assert isinstance(out, cupy.ndarray) and isinstance(lse, cupy.ndarray)
     assert out.shape == q.shape and out.dtype == cupy.float16
     assert lse.shape == (q.shape[0], q.shape[2], q.shape[1]) and lse.dtype == cupy.float32
-    _check(cupy.asnumpy(out), cupy.asnumpy(lse), q32, k32, v32, case, np.float16)
+    check = check_attention(out, q, k, v, lse=lse, **case.options)  # computed with CuPy
+    assert check.ok, check.message
 
 
-def test_cupy_out_view_and_packed(cupy):
+def test_cupy_out_view_and_packed(cupy, require_kernel):
     b, s, h, d = 2, 200, 4, 64
     require_kernel("float16", d)
     rng = np.random.default_rng(1)
-    qkv32 = rng.standard_normal((b, s, 3, h, d), dtype=np.float32).astype(np.float16).astype(np.float32)
-    qkv = cupy.asarray(qkv32.astype(np.float16))
+    qkv = cupy.asarray(rng.standard_normal((b, s, 3, h, d), dtype=np.float32).astype(np.float16))
     q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
     buf = cupy.full((b, s, h, d + 16), cupy.nan, dtype=cupy.float16)
     out_arg = buf[..., 8:8 + d]
@@ -70,9 +75,8 @@ def test_cupy_out_view_and_packed(cupy):
     assert out is out_arg
     host = cupy.asnumpy(buf)
     assert np.isnan(host[..., :8]).all() and np.isnan(host[..., 8 + d:]).all()
-    out_ref, _ = attention_ref_np(qkv32[:, :, 0], qkv32[:, :, 1], qkv32[:, :, 2], causal=True)
-    out_naive, _ = attention_ref_np(qkv32[:, :, 0], qkv32[:, :, 1], qkv32[:, :, 2], causal=True, lowp=np.float16)
-    assert_close_np(cupy.asnumpy(out), out_ref, out_naive)
+    check = check_attention(out, q, k, v, causal=True)
+    assert check.ok, check.message
 
 
 def test_cupy_zero_size(cupy):
@@ -84,54 +88,41 @@ def test_cupy_zero_size(cupy):
 # ------------------------------------------------------------------------------------ JAX
 
 
-def _jax_dtype(jax, name):
-    return getattr(jax.numpy, name)
-
-
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
-def test_jax(jax, case, dtype):
-    require_kernel(dtype, case[5])
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_jax(jax, require_kernel, case, dtype):
+    require_kernel(dtype, case.d)
     jnp = jax.numpy
-    q32, k32, v32 = _inputs(case, seed=2)
-    q, k, v = (jnp.asarray(a, dtype=_jax_dtype(jax, dtype)) for a in (q32, k32, v32))
-    q32, k32, v32 = (np.asarray(a.astype(jnp.float32)) for a in (q, k, v))  # exactly the kernel's inputs
-    causal, window, softcap = case[6:]
-    out, lse = flashcute.flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=softcap,
-                                         return_lse=True)
+    q, k, v = (jnp.asarray(a, dtype=getattr(jnp, dtype)) for a in _inputs(case, seed=2))
+    out, lse = flashcute.flash_attn_func(q, k, v, return_lse=True, **case.options)
     assert isinstance(out, jax.Array) and isinstance(lse, jax.Array)
     assert out.shape == q.shape and out.dtype == q.dtype
     assert lse.shape == (q.shape[0], q.shape[2], q.shape[1]) and lse.dtype == jnp.float32
     assert out.devices() == q.devices()
-    lowp = np.float16 if dtype == "float16" else jnp.bfloat16  # jnp.bfloat16 is ml_dtypes' numpy dtype
-    _check(np.asarray(out.astype(jnp.float32)), np.asarray(lse), q32, k32, v32, case, lowp)
+    check = check_attention(out, q, k, v, lse=lse, **case.options)  # computed with NumPy
+    assert check.ok, check.message
 
 
-def test_jax_result_is_complete_when_returned(jax):
+def test_jax_result_is_complete_when_returned(jax, require_kernel):
     """The output must be complete when JAX first reads it: consume it immediately, many times,
     with a kernel big enough that a missing synchronisation would show (zeros instead of data)."""
     jnp = jax.numpy
     b, s, h, d = 1, 2048, 16, 128
     require_kernel("bfloat16", d)
     rng = np.random.default_rng(3)
-    q32 = rng.standard_normal((b, s, h, d), dtype=np.float32)
-    q = jnp.asarray(q32, dtype=jnp.bfloat16)
-    k = jnp.asarray(rng.standard_normal((b, s, h, d), dtype=np.float32), dtype=jnp.bfloat16)
-    v = jnp.asarray(rng.standard_normal((b, s, h, d), dtype=np.float32), dtype=jnp.bfloat16)
+    q, k, v = (jnp.asarray(rng.standard_normal((b, s, h, d), dtype=np.float32), dtype=jnp.bfloat16) for _ in range(3))
     first = flashcute.flash_attn_func(q, k, v)
     # Read right away, against the reference on a few heads (and the last one).
     for heads in (slice(0, 2), slice(h - 1, h)):
         sub = (slice(None), slice(None), heads)
-        q32, k32, v32 = (np.asarray(a[sub].astype(jnp.float32)) for a in (q, k, v))
-        out_ref, _ = attention_ref_np(q32, k32, v32)
-        out_naive, _ = attention_ref_np(q32, k32, v32, lowp=jnp.bfloat16)
-        assert_close_np(np.asarray(first[sub].astype(jnp.float32)), out_ref, out_naive)
+        check = check_attention(first[sub], q[sub], k[sub], v[sub])
+        assert check.ok, check.message
     for _ in range(10):
         out = flashcute.flash_attn_func(q, k, v)
         assert bool(jnp.array_equal(out, first))  # JAX reads out right away
 
 
-def test_jax_explicit_stream(jax, torch):
+def test_jax_explicit_stream(jax, torch, require_kernel):
     """stream= with JAX: the kernel runs there and that stream is synchronised."""
     require_kernel("float16", 64)
     jnp = jax.numpy

@@ -1,9 +1,9 @@
 """Numerical tests of flash_attn_func on torch tensors (GPU), against an fp32 reference.
 
-Rule (FlashAttention's): max |out - ref_fp32| <= 2 * max |naive_lowprec - ref_fp32| + 1e-5, with
-fresh torch.randn inputs, the output poisoned with NaN before the call, and every element checked
-finite (so an unwritten element fails). lse is checked against the fp32 logsumexp, -inf exactly
-on the rows that see no key.
+Rule: flashcute.testing's (FlashAttention's): max |out - ref_fp32| <= 2 * max |naive_lowprec -
+ref_fp32| + 1e-5, with fresh torch.randn inputs, the output poisoned with NaN before the call, and
+every element checked finite (so an unwritten element fails). lse is checked against the fp32
+logsumexp by the same rule, and must be -inf exactly on the rows that see no key.
 
 The grid samples the combinations (head dims incl. padded ones, dtypes, seqlens with Sq != Sk both
 ways, causal, windows, softcap, GQA/MQA, packed qkv views, strided out=) instead of taking their
@@ -21,7 +21,7 @@ from typing import Optional, Tuple
 import pytest
 
 import flashcute
-from fc_reference import assert_lse_close, assert_out_close, attention_ref, require_kernel, visible_mask_torch
+from flashcute.testing import check_attention, visible_mask
 
 pytestmark = pytest.mark.gpu
 
@@ -90,17 +90,6 @@ def _fit(c: Case) -> Case:
     return c
 
 
-def _avoid_large_right_window(c: Case) -> Case:
-    """run_fwd (like FlashAttention-2) turns window_right >= seqlen_k into "unbounded", which
-    matches the documented mask only when seqlen_q <= seqlen_k + 1 (or window_right >= seqlen_q - 1).
-    That corner has its own test (test_window_right_beyond_seqlen_k_follows_the_documented_mask);
-    the grid stays out of it so that it tests everything else."""
-    right = c.window[1]
-    if not c.causal and right >= c.sk and c.sq > c.sk + 1 and right < c.sq - 1:
-        return replace(c, window=(c.window[0], -1))
-    return c
-
-
 def _grid():
     cases = []
     dtypes = ["float16", "bfloat16"]
@@ -149,7 +138,7 @@ def _grid():
             layout="packed" if (sq == sk and h == hk and rng.random() < 0.3) else "separate",
             return_lse=rng.random() < 0.8,
         ))
-    cases = [_avoid_large_right_window(_fit(c)) for c in cases]
+    cases = [_fit(c) for c in cases]
     assert all(c.valid() for c in cases)
     unique = {c.id: c for c in cases}  # drop accidental duplicates
     return list(unique.values())
@@ -201,22 +190,19 @@ def run_case(torch, c: Case, seed: int = 0):
 
     assert isinstance(out, torch.Tensor)
     assert out.shape == q.shape and out.dtype == q.dtype and out.device == q.device
-    ref_kwargs = dict(softmax_scale=c.softmax_scale, causal=c.causal, window_size=c.window, softcap=c.softcap)
-    out_ref, lse_ref = attention_ref(torch, q, k, v, **ref_kwargs)
-    out_naive, lse_naive = attention_ref(torch, q, k, v, upcast=False, **ref_kwargs)
-    assert_out_close(torch, out, out_ref, out_naive)
-
-    # Rows that see no key: exactly 0.
-    mask = visible_mask_torch(torch, c.sq, c.sk, c.causal, c.window, q.device)
-    empty_rows = ~mask.any(dim=-1)
-    if bool(empty_rows.any()):
-        assert bool((out[:, empty_rows] == 0).all()), "rows that see no key must be 0"
-
+    lse = None
     if c.return_lse:
         lse = res[1]
         assert isinstance(lse, torch.Tensor) and lse.is_cuda
         assert tuple(lse.shape) == (c.b, c.h, c.sq) and lse.dtype == torch.float32
-        assert_lse_close(torch, lse, lse_ref, lse_naive)
+    check = check_attention(out, q, k, v, lse=lse, softmax_scale=c.softmax_scale, causal=c.causal,
+                            window_size=c.window, softcap=c.softcap)
+    assert check.ok, check.message
+
+    # Rows that see no key: exactly 0.
+    empty_rows = torch.as_tensor(~visible_mask(c.sq, c.sk, c.causal, c.window).any(axis=-1), device=q.device)
+    if bool(empty_rows.any()):
+        assert bool((out[:, empty_rows] == 0).all()), "rows that see no key must be 0"
 
     if buf is not None:
         bits = buf.view(torch.int16)
@@ -225,7 +211,7 @@ def run_case(torch, c: Case, seed: int = 0):
 
 
 @pytest.mark.parametrize("case", GRID, ids=[c.id for c in GRID])
-def test_grid(torch, case):
+def test_grid(torch, require_kernel, case):
     require_kernel(case.dtype, case.d)
     run_case(torch, case, seed=zlib.crc32(case.id.encode()))
 
@@ -252,11 +238,11 @@ def test_grid_covers_the_spec():
      (1000, 17, True, (3, -1))],
     ids=["causal_sq>sk", "window00_sq>sk", "window00_square", "right0_sq<sk", "causal_left3"],
 )
-def test_rows_without_keys(torch, dtype, sq, sk, causal, window):
+def test_rows_without_keys(torch, require_kernel, dtype, sq, sk, causal, window):
     """Rows that see no key: out exactly 0, lse -inf, no NaN anywhere."""
     require_kernel(dtype, 64)
     c = Case(dtype=dtype, d=64, sq=sq, sk=sk, causal=causal, window=window, out_mode="poisoned")
-    mask = visible_mask_torch(torch, sq, sk, causal, window, "cuda")
+    mask = torch.as_tensor(visible_mask(sq, sk, causal, window), device="cuda")
     run_case(torch, c, seed=7)
     q, k, v = _make_inputs(torch, c, 8)
     out, lse = flashcute.flash_attn_func(q, k, v, causal=causal, window_size=window, return_lse=True)
@@ -270,16 +256,16 @@ def test_rows_without_keys(torch, dtype, sq, sk, causal, window):
         assert int(empty.sum()) == sq - sk
 
 
-def test_window_right_beyond_seqlen_k_follows_the_documented_mask(torch):
+def test_window_right_beyond_seqlen_k_follows_the_documented_mask(torch, require_kernel):
     """docs/design.md: query i sees key j iff j <= i + sk - sq + right. With sq = 300, sk = 100 and
-    right = 150, rows 0..49 see no key. (Treating right >= sk as unbounded, as FlashAttention-2's
-    normalisation does, is only equivalent when right >= sq - 1.)"""
+    right = 150, rows 0..49 see no key. (FlashAttention-2 treats right >= sk as unbounded, which is
+    the documented mask only when right >= sq - 1: plan_fwd normalises by that bound instead.)"""
     require_kernel("bfloat16", 64)
     c = Case(dtype="bfloat16", d=64, sq=300, sk=100, window=(-1, 150), out_mode="poisoned")
     run_case(torch, c, seed=11)
 
 
-def test_seqlen_k_zero(torch):
+def test_seqlen_k_zero(torch, require_kernel):
     """No keys at all: out = 0 and lse = -inf everywhere (a non-empty output)."""
     require_kernel("float16", 64)
     q = torch.randn(2, 33, 4, 64, device="cuda", dtype=torch.float16)
@@ -295,7 +281,7 @@ def test_seqlen_k_zero(torch):
 
 @pytest.mark.parametrize("shape", [(0, 128, 4, 64), (2, 0, 4, 64)], ids=["batch0", "seqlen_q0"])
 @pytest.mark.parametrize("return_lse", [False, True])
-def test_zero_size(torch, shape, return_lse):
+def test_zero_size(torch, require_kernel, shape, return_lse):
     require_kernel("bfloat16", shape[3])
     b, sq, h, d = shape
     q = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
@@ -308,7 +294,7 @@ def test_zero_size(torch, shape, return_lse):
         assert res[1].shape == (b, h, sq) and res[1].dtype == torch.float32 and res[1].is_cuda
 
 
-def test_default_softmax_scale_is_rsqrt_headdim(torch):
+def test_default_softmax_scale_is_rsqrt_headdim(torch, require_kernel):
     require_kernel("float16", 72)
     q, k, v = (torch.randn(1, 64, 2, 72, device="cuda", dtype=torch.float16) for _ in range(3))
     a = flashcute.flash_attn_func(q, k, v)
@@ -319,7 +305,21 @@ def test_default_softmax_scale_is_rsqrt_headdim(torch):
     assert not torch.equal(a, c)
 
 
-def test_results_are_deterministic(torch):
+def test_flash_attention_2_call(torch, require_kernel):
+    """The call as FlashAttention-2 users write it: positional options, return_attn_probs."""
+    require_kernel("bfloat16", 128)
+    c = Case(dtype="bfloat16", d=128, sq=300, sk=200, h=8, hk=2)
+    q, k, v = _make_inputs(torch, c, 12)
+    out, lse, s_dmask = flashcute.flash_attn_func(q, k, v, 0.0, None, True, (-1, -1), 0.0, None, False, True)
+    out2, lse2 = flashcute.flash_attn_func(q, k, v, causal=True, return_lse=True)
+    torch.cuda.synchronize()
+    assert s_dmask is None
+    assert torch.equal(out, out2) and torch.equal(lse, lse2)
+    check = check_attention(out, q, k, v, lse=lse, causal=True)
+    assert check.ok, check.message
+
+
+def test_results_are_deterministic(torch, require_kernel):
     require_kernel("bfloat16", 128)
     c = Case(dtype="bfloat16", d=128, sq=1000, sk=1000, causal=True)
     q, k, v = _make_inputs(torch, c, 3)
@@ -329,7 +329,7 @@ def test_results_are_deterministic(torch):
     assert torch.equal(a, b)
 
 
-def test_inputs_are_not_modified(torch):
+def test_inputs_are_not_modified(torch, require_kernel):
     require_kernel("float16", 64)
     c = Case(dtype="float16", d=64, sq=128, sk=256, h=8, hk=2)
     q, k, v = _make_inputs(torch, c, 5)
@@ -360,7 +360,7 @@ def test_gpu_errors(torch):
         flashcute.flash_attn_func(flat[1:].view(2, 64, 4, 64), q, q)
 
 
-def test_requires_grad_is_refused(torch):
+def test_requires_grad_is_refused(torch, require_kernel):
     require_kernel("float16", 64)
     q = torch.randn(1, 16, 2, 64, device="cuda", dtype=torch.float16, requires_grad=True)
     k = torch.randn(1, 16, 2, 64, device="cuda", dtype=torch.float16)
@@ -372,7 +372,7 @@ def test_requires_grad_is_refused(torch):
     assert not out.requires_grad and bool(torch.isfinite(out).all())
 
 
-def test_other_device(torch):
+def test_other_device(torch, require_kernel):
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
     require_kernel("float16", 64)
@@ -383,8 +383,7 @@ def test_other_device(torch):
     out = flashcute.flash_attn_func(q, k, v, causal=True)
     torch.cuda.synchronize(1)
     assert out.device == q.device
-    out_ref, _ = attention_ref(torch, q, k, v, causal=True)
-    out_naive, _ = attention_ref(torch, q, k, v, causal=True, upcast=False)
-    assert_out_close(torch, out, out_ref, out_naive)
+    check = check_attention(out, q, k, v, causal=True)
+    assert check.ok, check.message
     with pytest.raises(ValueError, match="k: on cuda:0 but q is on cuda:1"):
         flashcute.flash_attn_func(q, k.to("cuda:0"), v)

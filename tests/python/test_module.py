@@ -45,8 +45,8 @@ def test_build_options_are_recorded():
 
 
 def test_compiled_head_dims_match_the_build():
-    # The option string and the registered kernels come from different places: CMake's option
-    # parsing, and the FLASHCUTE_ENABLE_HDIM<d> macros that decide which kernels link in.
+    # The option string and the registered kernels: CMake's option parsing, and the kernel list
+    # (flashcute/build_config.hpp) that decides which kernels link in.
     expected = sorted(int(d) for d in _build_option("FLASHCUTE_HEAD_DIMS"))
     assert set(expected) <= set(ALL_HEAD_DIMS)
     assert _C.compiled_head_dims() == expected
@@ -106,6 +106,18 @@ def test_version():
     assert dist.version == _C.__version__
 
 
+def test_compiled_kernels_are_the_list_the_build_made():
+    # One list: the (family, direction, dtype, head dim) kernels CMake generated, which is the
+    # product of the build options, and from which compiled_head_dims/dtypes are derived.
+    dims = sorted(int(d) for d in _build_option("FLASHCUTE_HEAD_DIMS"))
+    dtypes = {DTYPE_OPTION_NAMES[t.lower()] for t in _build_option("FLASHCUTE_DTYPES")}
+    kernels = _C.compiled_kernels()
+    assert sorted(kernels) == sorted(("sm80", "fwd", dt, d) for dt in dtypes for d in dims)
+    assert flashcute.compiled_kernels() == kernels
+    assert sorted({k[3] for k in kernels}) == _C.compiled_head_dims()
+    assert {k[2] for k in kernels} == set(_C.compiled_dtypes())
+
+
 def test_public_api():
     for name in flashcute.__all__:
         assert hasattr(flashcute, name), name
@@ -113,12 +125,15 @@ def test_public_api():
 
     sig = inspect.signature(flashcute.flash_attn_func)
     params = list(sig.parameters.values())
-    assert [p.name for p in params] == [
-        "q", "k", "v", "softmax_scale", "causal", "window_size", "softcap", "return_lse", "out", "stream"]
-    assert all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params[:3])
-    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params[3:])
+    # FlashAttention-2's signature, then flashcute's keyword-only extras.
+    fa2 = ["q", "k", "v", "dropout_p", "softmax_scale", "causal", "window_size", "softcap", "alibi_slopes",
+           "deterministic", "return_attn_probs"]
+    assert [p.name for p in params] == fa2 + ["return_lse", "out", "stream"]
+    assert all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params[:len(fa2)])
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params[len(fa2):])
     defaults = {p.name: p.default for p in params[3:]}
-    assert defaults == dict(softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, return_lse=False,
+    assert defaults == dict(dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                            alibi_slopes=None, deterministic=False, return_attn_probs=False, return_lse=False,
                             out=None, stream=None)
     assert flashcute.flash_attn_func.__doc__ and "window_size" in flashcute.flash_attn_func.__doc__
 
@@ -162,14 +177,12 @@ def test_framework_imports_after_flashcute(framework):
 
 
 def _stub_path() -> Path:
-    installed = Path(flashcute.__file__).with_name("_C.pyi")
-    if installed.exists():
-        return installed
-    return Path(__file__).resolve().parents[2] / "python" / "flashcute" / "_C.pyi"
+    """The stub the build generated (nanobind's stubgen) and installed beside the module."""
+    return Path(flashcute.__file__).with_name("_C.pyi")
 
 
 def _public_names(module) -> set:
-    return {n for n in dir(module) if not n.startswith("_")} | {"__version__"}
+    return {n for n in dir(module) if not n.startswith("_")}
 
 
 def _params(fn: ast.FunctionDef):
@@ -178,6 +191,7 @@ def _params(fn: ast.FunctionDef):
 
 
 def test_stub_matches_module():
+    assert _stub_path().is_file(), f"no generated stub at {_stub_path()}"
     tree = ast.parse(_stub_path().read_text())
     stub_funcs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
     stub_attrs = {n.target.id for n in tree.body if isinstance(n, ast.AnnAssign)}

@@ -1,4 +1,4 @@
-// flashcute/traits.hpp: everything a forward kernel derives from its FwdConfig.
+// flashcute/sm80/traits.hpp: everything an sm80 forward kernel derives from its FwdConfig.
 //
 // One place builds the element types, the MMA, the swizzled shared-memory
 // layouts and the copy atoms; the kernel body only uses them.
@@ -7,16 +7,11 @@
 #include <cute/tensor.hpp>
 #include <cute/atom/mma_atom.hpp>
 #include <cute/atom/copy_atom.hpp>
-#include <cutlass/numeric_types.h>
 
-#include "flashcute/config.hpp"
-#include "flashcute/params.hpp"
+#include "flashcute/common/element.hpp"
+#include "flashcute/sm80/config.hpp"
 
-namespace flashcute {
-
-template <DType kDType> struct ElementOf;
-template <> struct ElementOf<DType::kFloat16> { using type = cutlass::half_t; };
-template <> struct ElementOf<DType::kBFloat16> { using type = cutlass::bfloat16_t; };
+namespace flashcute::sm80 {
 
 // The swizzled shared-memory row atom: 8 rows of 32 or 64 halves.
 // Without the swizzle, the 8 rows an ldmatrix phase reads (same 16 B column,
@@ -87,4 +82,4 @@ struct FwdTraits {
   static_assert(kBlockN % (kNThreads / kThreadsPerRow) == 0 && kBlockM % (kNThreads / kThreadsPerRow) == 0);
 };
 
-}  // namespace flashcute
+}  // namespace flashcute::sm80

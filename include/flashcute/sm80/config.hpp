@@ -1,17 +1,14 @@
-// flashcute/config.hpp: the static kernel configuration.
+// flashcute/sm80/config.hpp: the static configuration of an sm80 (mma.sync) forward kernel.
 //
-// A forward kernel is fully described by one FwdConfig value, which is used
-// directly as a template argument (C++20 structural type). validate() lists the
-// rules every config must follow; a bad config fails to compile with the rule's
-// message instead of producing a kernel that silently misbehaves.
+// A kernel is fully described by one FwdConfig value, used directly as a template argument
+// (C++20 structural type). validate() lists the rules every config must follow; a bad config fails
+// to compile with the rule's message instead of producing a kernel that silently misbehaves.
+// default_fwd_config() is the tile table: the config each kernel head dim is built with.
 #pragma once
 
-namespace flashcute {
+#include "flashcute/common/types.hpp"
 
-// The head dims that have kernels. Any other head dim (a multiple of 8, <= 256)
-// runs on the next one up, with the extra columns predicated off.
-inline constexpr int kKernelHeadDims[] = {32, 64, 96, 128, 192, 256};
-inline constexpr int kMaxHeadDim = 256;
+namespace flashcute::sm80 {
 
 struct FwdConfig {
   int head_dim;   // columns of Q/K/V tiles held in shared memory
@@ -55,32 +52,22 @@ constexpr const char* validate(FwdConfig cfg) {
   return nullptr;
 }
 
-// The tile shape flashcute uses for each kernel head dim.
+// The tile table: the config each kernel head dim is built with. 0 head_dim: no config.
 constexpr FwdConfig default_fwd_config(int head_dim) {
   switch (head_dim) {
-    case 32:  return {32, 128, 128, 4, 1, false, true};  // Q in registers: +2-3% (perf-notes v9)
-    case 64:  return {64, 128, 64, 4, 1, true, true, true};  // no spills (v7); Q in registers (v9); split loop (v14)
-    case 96:  return {96, 128, 64, 4};
-    case 128: return {128, 128, 64, 4};
-    // 2 CTAs/SM; beats (128, 64, 8) up to 4k on the H200 (perf-notes v4); split loop (v14)
-    case 192: return {192, 64, 64, 4, 1, true, false, true};
-    default:  return {256, 64, 64, 4, 1, true, false, true};
+    // Q in registers: +2-3% (perf-notes v9).
+    case 32: return {.head_dim = 32, .block_m = 128, .block_n = 128, .num_warps = 4, .branch_free_refill = false,
+                     .q_in_regs = true};
+    // No spills (v7); Q in registers (v9); split loop (v14).
+    case 64: return {.head_dim = 64, .block_m = 128, .block_n = 64, .num_warps = 4, .q_in_regs = true,
+                     .mask_split = true};
+    case 96: return {.head_dim = 96, .block_m = 128, .block_n = 64, .num_warps = 4};
+    case 128: return {.head_dim = 128, .block_m = 128, .block_n = 64, .num_warps = 4};
+    // 2 CTAs/SM; beats (128, 64, 8) up to 4k on the H200 (perf-notes v4); split loop (v14).
+    case 192: return {.head_dim = 192, .block_m = 64, .block_n = 64, .num_warps = 4, .mask_split = true};
+    case 256: return {.head_dim = 256, .block_m = 64, .block_n = 64, .num_warps = 4, .mask_split = true};
+    default: return {.head_dim = 0, .block_m = 0, .block_n = 0, .num_warps = 0};
   }
 }
 
-// Smallest kernel head dim that can run a user head dim, or 0 if none.
-constexpr int kernel_head_dim_for(int head_dim) {
-  for (int hd : kKernelHeadDims) {
-    if (head_dim <= hd) return hd;
-  }
-  return 0;
-}
-
-static_assert(validate(default_fwd_config(32)) == nullptr);
-static_assert(validate(default_fwd_config(64)) == nullptr);
-static_assert(validate(default_fwd_config(96)) == nullptr);
-static_assert(validate(default_fwd_config(128)) == nullptr);
-static_assert(validate(default_fwd_config(192)) == nullptr);
-static_assert(validate(default_fwd_config(256)) == nullptr);
-
-}  // namespace flashcute
+}  // namespace flashcute::sm80

@@ -1,4 +1,4 @@
-// flashcute/mask.hpp: which keys each query row may see.
+// flashcute/common/mask.hpp: which keys each query row may see.
 //
 // FlashAttention-2 semantics, aligned to the bottom-right corner: with
 // offset = seqlen_k - seqlen_q, query row i sees key j iff

@@ -1,4 +1,4 @@
-// flashcute/fragment.hpp: views and conversions of MMA register fragments.
+// flashcute/common/fragment.hpp: views and conversions of MMA register fragments.
 //
 // An m16n8 accumulator fragment holds, per thread, values for 2 rows x 2 columns
 // of each atom: ((2,2),MMA_M,MMA_N) with value modes (col pair, row +8). The

@@ -1,4 +1,4 @@
-// flashcute/softmax.hpp: the online softmax, one statement per step.
+// flashcute/common/softmax.hpp: the online softmax, one statement per step.
 //
 // Scores stay unscaled in registers; scale_log2 = score_scale * log2(e) is folded
 // into the exponent, so each probability is one FFMA and one exp2. Row sums stay

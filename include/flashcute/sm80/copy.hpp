@@ -1,4 +1,4 @@
-// flashcute/copy.hpp: predicated global -> shared tile loads (cp.async).
+// flashcute/sm80/copy.hpp: predicated global -> shared tile loads (cp.async).
 //
 // Tiles at the ragged end of a sequence, and head dims narrower than the
 // kernel's, load only the valid 16 B chunks and zero the rest of the tile, so
@@ -9,7 +9,7 @@
 
 #include <cute/tensor.hpp>
 
-namespace flashcute {
+namespace flashcute::sm80 {
 
 // src/dst: (CPY,CPY_M,CPY_K) partitions of one tile; coord: the same partition of
 // the tile's identity tensor, giving (row, col) within the tile. tiled_copy must
@@ -51,4 +51,4 @@ CUTE_DEVICE void store_tile(TiledCopy const& tiled_copy, SrcTensor const& src, D
   }
 }
 
-}  // namespace flashcute
+}  // namespace flashcute::sm80

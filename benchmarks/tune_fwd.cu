@@ -1,10 +1,12 @@
 // tune_fwd: times forward-kernel tile configs against each other on the
 // FlashAttention benchmark grid (hidden 2048, 16k tokens), in one process.
 //
-// flashcute is header-only, so any FwdConfig can be instantiated here without
-// touching the library build. Build (here or on the GPU machine):
-//   nvcc -std=c++20 -O3 -arch=sm_90 --expt-relaxed-constexpr --use_fast_math \
-//        -Iinclude -Ithird_party/cutlass/include -DTUNE_HDIM=128 bench/tune_fwd.cu -o tune128
+// flashcute is header-only, so any sm80::FwdConfig can be instantiated here without
+// touching the library's kernel list. CMake builds it as `tune_fwd` (head dim 128) when
+// FLASHCUTE_BUILD_TUNING is ON (the default with FLASHCUTE_BUILD_TESTS), for the newest arch of
+// FLASHCUTE_CUDA_ARCHS; for another head dim, build it by hand from a configured build dir:
+//   nvcc -std=c++20 -O3 -arch=sm_90 --expt-relaxed-constexpr --use_fast_math -Iinclude \
+//        -I<build>/include -Ithird_party/cutlass/include -DTUNE_HDIM=64 benchmarks/tune_fwd.cu -o tune64
 // Each config's output is compared with the default config's (max |diff|), so a
 // broken variant shows up as a large difference, not as a fast time.
 // -DTUNE_ONLY_DEFAULT times only the default config: one reference launch per problem,
@@ -14,7 +16,7 @@
 #include <cstdlib>
 #include <vector>
 
-#include "flashcute/launch.hpp"
+#include "flashcute/sm80/launch_fwd.hpp"
 
 #ifndef TUNE_HDIM
 #define TUNE_HDIM 128
@@ -30,8 +32,8 @@
   } while (0)
 
 using flashcute::DType;
-using flashcute::FwdConfig;
 using flashcute::FwdParams;
+using flashcute::sm80::FwdConfig;
 using Element = cutlass::bfloat16_t;
 
 __global__ void fill_random(Element* x, size_t n, unsigned seed) {
@@ -65,17 +67,16 @@ FwdParams make_params(const Problem& pr, Element* q, Element* k, Element* v, Ele
   p.q_head_stride = p.k_head_stride = p.v_head_stride = p.o_head_stride = pr.head_dim;
   p.batch = pr.batch; p.seqlen_q = p.seqlen_k = pr.seqlen; p.nheads = p.nheads_k = pr.nheads; p.head_dim = pr.head_dim;
   p.softmax_scale = 1.f / sqrtf(float(pr.head_dim));
-  p.causal = pr.causal; p.window_left = -1; p.window_right = pr.causal ? 0 : -1;
-  p.dtype = DType::kBFloat16;
+  p.window_left = -1; p.window_right = pr.causal ? 0 : -1;  // causal: no right context
   return p;
 }
 
 template <FwdConfig kCfg>
 float time_config(const FwdParams& p, int iters) {
-  using Traits = flashcute::FwdTraits<DType::kBFloat16, kCfg>;
+  using Traits = flashcute::sm80::FwdTraits<DType::kBFloat16, kCfg>;
   for (int i = 0; i < 3; ++i) {
-    auto st = flashcute::launch_fwd_with<Traits>(p, nullptr);
-    if (!st.ok()) { std::fprintf(stderr, "launch failed: %s\n", st.message); std::exit(1); }
+    auto st = flashcute::sm80::launch_fwd_with<Traits>(p, nullptr);
+    if (!st.ok()) { std::fprintf(stderr, "launch failed: %s\n", st.message.c_str()); std::exit(1); }
   }
   std::vector<float> ms(iters);
   cudaEvent_t a, b;
@@ -83,7 +84,7 @@ float time_config(const FwdParams& p, int iters) {
   CHECK_CUDA(cudaEventCreate(&b));
   for (int i = 0; i < iters; ++i) {
     CHECK_CUDA(cudaEventRecord(a));
-    (void)flashcute::launch_fwd_with<Traits>(p, nullptr);
+    (void)flashcute::sm80::launch_fwd_with<Traits>(p, nullptr);
     CHECK_CUDA(cudaEventRecord(b));
     CHECK_CUDA(cudaEventSynchronize(b));
     CHECK_CUDA(cudaEventElapsedTime(&ms[i], a, b));
@@ -128,8 +129,8 @@ void sweep(int seqlen, bool causal) {
   fill_random<<<264, 256>>>(v, n, 3u);
   CHECK_CUDA(cudaGetLastError());
   FwdParams p = make_params(pr, q, k, v, o_ref);
-  auto st = flashcute::launch_fwd<DType::kBFloat16, d>(p, nullptr);
-  if (!st.ok()) { std::fprintf(stderr, "reference launch failed: %s\n", st.message); std::exit(1); }
+  auto st = flashcute::sm80::launch_fwd<DType::kBFloat16, d>(p, nullptr);
+  if (!st.ok()) { std::fprintf(stderr, "reference launch failed: %s\n", st.message.c_str()); std::exit(1); }
   CHECK_CUDA(cudaDeviceSynchronize());
   (run_one<kCfgs>(pr, p, o, o_ref, n, d_diff), ...);
   for (Element* ptr : {q, k, v, o, o_ref}) CHECK_CUDA(cudaFree(ptr));
@@ -150,20 +151,23 @@ int main(int argc, char** argv) {
   for (bool causal : {false, true}) {
     for (int s : seqlens) {
 #if defined(TUNE_ONLY_DEFAULT)  // one launch per problem, for profilers (ncu --launch-count)
-      sweep<flashcute::default_fwd_config(TUNE_HDIM)>(s, causal);
+      sweep<flashcute::sm80::default_fwd_config(TUNE_HDIM)>(s, causal);
 #elif TUNE_HDIM == 32
-      sweep<flashcute::default_fwd_config(32), FwdConfig{32, 128, 128, 4, 1, false, false}>(s, causal);
+      sweep<flashcute::sm80::default_fwd_config(32),
+               FwdConfig{.head_dim = 32, .block_m = 128, .block_n = 128, .num_warps = 4, .branch_free_refill = false}>(s, causal);
 #elif TUNE_HDIM == 64
-      sweep<flashcute::default_fwd_config(64), FwdConfig{64, 128, 64, 4, 1, true, true, false}>(s, causal);
+      sweep<flashcute::sm80::default_fwd_config(64),
+            FwdConfig{.head_dim = 64, .block_m = 128, .block_n = 64, .num_warps = 4, .q_in_regs = true}>(s, causal);
 #elif TUNE_HDIM == 96
-      sweep<flashcute::default_fwd_config(96), FwdConfig{96, 128, 32, 4}>(s, causal);
+      sweep<flashcute::sm80::default_fwd_config(96), FwdConfig{.head_dim = 96, .block_m = 128, .block_n = 32, .num_warps = 4}>(s, causal);
 #elif TUNE_HDIM == 128
-      sweep<flashcute::default_fwd_config(128), FwdConfig{128, 128, 48, 4, 1, true, false, true},
-            flashcute::default_fwd_config(128)>(s, causal);
+      sweep<flashcute::sm80::default_fwd_config(128),
+            FwdConfig{.head_dim = 128, .block_m = 128, .block_n = 48, .num_warps = 4, .mask_split = true},
+            flashcute::sm80::default_fwd_config(128)>(s, causal);
 #elif TUNE_HDIM == 192
-      sweep<flashcute::default_fwd_config(192), FwdConfig{192, 64, 64, 4}>(s, causal);
+      sweep<flashcute::sm80::default_fwd_config(192), FwdConfig{.head_dim = 192, .block_m = 64, .block_n = 64, .num_warps = 4}>(s, causal);
 #else
-      sweep<flashcute::default_fwd_config(256), FwdConfig{256, 64, 64, 4}>(s, causal);
+      sweep<flashcute::sm80::default_fwd_config(256), FwdConfig{.head_dim = 256, .block_m = 64, .block_n = 64, .num_warps = 4}>(s, causal);
 #endif
     }
   }

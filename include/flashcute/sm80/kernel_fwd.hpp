@@ -1,4 +1,4 @@
-// flashcute/kernel_fwd.hpp: the forward attention kernel.
+// flashcute/sm80/kernel_fwd.hpp: the sm80 (mma.sync) forward attention kernel.
 //
 // One CTA computes a BLK_M x D tile of O for one (batch, head): it keeps its Q
 // tile in shared memory (or, with FwdConfig::q_in_regs, each warp's rows in
@@ -13,19 +13,20 @@
 
 #include <cute/tensor.hpp>
 
-#include "flashcute/copy.hpp"
-#include "flashcute/fragment.hpp"
-#include "flashcute/gemm.hpp"
-#include "flashcute/mask.hpp"
-#include "flashcute/params.hpp"
-#include "flashcute/softmax.hpp"
-#include "flashcute/traits.hpp"
+#include "flashcute/common/fragment.hpp"
+#include "flashcute/common/mask.hpp"
+#include "flashcute/common/params.hpp"
+#include "flashcute/common/seqlen.hpp"
+#include "flashcute/common/softmax.hpp"
+#include "flashcute/sm80/copy.hpp"
+#include "flashcute/sm80/gemm.hpp"
+#include "flashcute/sm80/traits.hpp"
 
 // Lambdas in the kernel body must inline: a call would move the register tiles they
 // touch to the stack.
 #define FLASHCUTE_INLINE __attribute__((always_inline))
 
-namespace flashcute {
+namespace flashcute::sm80 {
 
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
@@ -47,28 +48,29 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
   const int batch = blockIdx.z;
   const int head_k = head / (params.nheads / params.nheads_k);
   const int tid = threadIdx.x;
+  const FwdSeqlen seq(params, batch);  // this batch entry's extents and offsets
   const int m0 = m_block * kBlockM;
-  const int q_rows = params.seqlen_q - m0;  // valid rows of this Q tile (may exceed kBlockM)
+  const int q_rows = seq.seqlen_q - m0;  // valid rows of this Q tile (may exceed kBlockM)
 
   // The key blocks any row of this tile can see: [n_block_min, n_block_max).
-  const KeyMask mask{params.seqlen_k, params.seqlen_k - params.seqlen_q, params.window_left, params.window_right};
+  const KeyMask mask{seq.seqlen_k, seq.seqlen_k - seq.seqlen_q, params.window_left, params.window_right};
   const int key_lo = max(0, mask.key_begin(m0));
-  const int key_hi = mask.key_end(min(m0 + kBlockM, params.seqlen_q) - 1);
+  const int key_hi = mask.key_end(min(m0 + kBlockM, seq.seqlen_q) - 1);
   const int n_block_min = key_lo / kBlockN;
   const int n_block_max = key_hi > key_lo ? ceil_div(key_hi, kBlockN) : n_block_min;  // empty: O = 0, lse = -inf
 
   // Global memory, int64 offsets throughout.
-  auto* q_ptr = static_cast<Element const*>(params.q) + batch * params.q_batch_stride + head * params.q_head_stride;
-  auto* k_ptr = static_cast<Element const*>(params.k) + batch * params.k_batch_stride + head_k * params.k_head_stride;
-  auto* v_ptr = static_cast<Element const*>(params.v) + batch * params.v_batch_stride + head_k * params.v_head_stride;
-  auto* o_ptr = static_cast<Element*>(params.o) + batch * params.o_batch_stride + head * params.o_head_stride;
-  Tensor mQ = make_tensor(make_gmem_ptr(q_ptr), make_shape(params.seqlen_q, Int<kHeadDim>{}),
+  auto* q_ptr = static_cast<Element const*>(params.q) + seq.q_offset + head * params.q_head_stride;
+  auto* k_ptr = static_cast<Element const*>(params.k) + seq.k_offset + head_k * params.k_head_stride;
+  auto* v_ptr = static_cast<Element const*>(params.v) + seq.v_offset + head_k * params.v_head_stride;
+  auto* o_ptr = static_cast<Element*>(params.o) + seq.o_offset + head * params.o_head_stride;
+  Tensor mQ = make_tensor(make_gmem_ptr(q_ptr), make_shape(seq.seqlen_q, Int<kHeadDim>{}),
                           make_stride(params.q_row_stride, _1{}));  // (Sq,D)
-  Tensor mK = make_tensor(make_gmem_ptr(k_ptr), make_shape(params.seqlen_k, Int<kHeadDim>{}),
+  Tensor mK = make_tensor(make_gmem_ptr(k_ptr), make_shape(seq.seqlen_k, Int<kHeadDim>{}),
                           make_stride(params.k_row_stride, _1{}));  // (Sk,D)
-  Tensor mV = make_tensor(make_gmem_ptr(v_ptr), make_shape(params.seqlen_k, Int<kHeadDim>{}),
+  Tensor mV = make_tensor(make_gmem_ptr(v_ptr), make_shape(seq.seqlen_k, Int<kHeadDim>{}),
                           make_stride(params.v_row_stride, _1{}));  // (Sk,D)
-  Tensor mO = make_tensor(make_gmem_ptr(o_ptr), make_shape(params.seqlen_q, Int<kHeadDim>{}),
+  Tensor mO = make_tensor(make_gmem_ptr(o_ptr), make_shape(seq.seqlen_q, Int<kHeadDim>{}),
                           make_stride(params.o_row_stride, _1{}));  // (Sq,D)
   Tensor gQ = local_tile(mQ, TileQ{}, make_coord(m_block, 0));  // (BLK_M,D)
   Tensor gK = local_tile(mK, TileKV{}, make_coord(_, 0));       // (BLK_N,D,n_blocks)
@@ -129,7 +131,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
   if constexpr (Traits::kQInRegs) cp_async_fence();  // Q in a group of its own
   if (n_block_max > n_block_min) {
     const int n0 = (n_block_max - 1) * kBlockN;
-    load_tile<true>(gmem_tiled_copy, tKgK(_, _, _, n_block_max - 1), tKsK, tKVcKV, params.seqlen_k - n0, params.head_dim);
+    load_tile<true>(gmem_tiled_copy, tKgK(_, _, _, n_block_max - 1), tKsK, tKVcKV, seq.seqlen_k - n0, params.head_dim);
   }
   cp_async_fence();
   if constexpr (Traits::kQInRegs) {
@@ -158,8 +160,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
     // finished the previous P V, so sV is free to refill.
     __syncthreads();
     // Only the last block is ragged; Traits::kBranchFreeRefill row-predicates every block instead.
-    if (Traits::kBranchFreeRefill || n0 + kBlockN > params.seqlen_k) {
-      load_tile<true>(gmem_tiled_copy, tVgV(_, _, _, n_block), tVsV, tKVcKV, params.seqlen_k - n0, params.head_dim);
+    if (Traits::kBranchFreeRefill || n0 + kBlockN > seq.seqlen_k) {
+      load_tile<true>(gmem_tiled_copy, tVgV(_, _, _, n_block), tVsV, tKVcKV, seq.seqlen_k - n0, params.head_dim);
     } else {
       load_tile<false>(gmem_tiled_copy, tVgV(_, _, _, n_block), tVsV, tKVcKV, kBlockN, params.head_dim);
     }
@@ -246,16 +248,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
   if (params.lse != nullptr) {
     Tensor tOcO_mma = rowcol_view(thr_mma.partition_C(cQ));  // ((2,MMA_M),(2,MMA_D)) -> (row,col)
     if (get<1>(tOcO_mma(0, 0)) == 0) {  // one thread of each row's quad writes
-      float* lse_ptr = params.lse + batch * params.lse_batch_stride + head * params.lse_head_stride;
+      float* lse_ptr = params.lse + seq.lse_offset + head * params.lse_head_stride;
       CUTE_UNROLL
       for (int i = 0; i < size<0>(tOcO_mma); ++i) {
         const int row = m0 + get<0>(tOcO_mma(i, 0));
-        if (row < params.seqlen_q) lse_ptr[row] = lse[i];
+        if (row < seq.seqlen_q) lse_ptr[row] = lse[i];
       }
     }
   }
 }
 
-}  // namespace flashcute
+}  // namespace flashcute::sm80
 
 #undef FLASHCUTE_INLINE

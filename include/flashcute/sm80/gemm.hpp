@@ -1,4 +1,4 @@
-// flashcute/gemm.hpp: warp-level tiled GEMMs on m16n8k16 tensor cores.
+// flashcute/sm80/gemm.hpp: warp-level tiled GEMMs on m16n8k16 tensor cores.
 //
 // Both GEMMs accumulate into fp32 registers and keep one k-slice of operands
 // in flight: ldmatrix for slice k+1 is issued before the MMAs of slice k, so
@@ -7,7 +7,7 @@
 
 #include <cute/tensor.hpp>
 
-namespace flashcute {
+namespace flashcute::sm80 {
 
 // acc += A * B^T with both operands read from shared memory (S = Q K^T).
 // tCrA/tCrB: MMA register fragments (MMA,MMA_M,MMA_K)/(MMA,MMA_N,MMA_K);
@@ -53,4 +53,4 @@ CUTE_DEVICE void gemm_rs(TiledMma const& tiled_mma, Acc& acc, RegA const& tCrA, 
   }
 }
 
-}  // namespace flashcute
+}  // namespace flashcute::sm80

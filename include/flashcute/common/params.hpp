@@ -1,18 +1,18 @@
-// flashcute/params.hpp: the plain parameter block every kernel reads.
+// flashcute/common/params.hpp: the plain parameter block a forward kernel reads.
 //
-// Everything a launch needs, with strides in elements and 64-bit, so that any
-// strided view (for example q, k and v sliced out of one packed qkv tensor)
-// works without a copy. Only the last (head-dim) stride must be 1.
+// Everything a launch needs, with strides in elements and 64-bit, so that any strided view (for
+// example q, k and v sliced out of one packed qkv tensor) works without a copy. Only the last
+// (head-dim) stride is 1. host/validate_fwd.hpp fills it from checked arguments; a kernel may
+// assume everything it promises (see plan_fwd).
 #pragma once
 
 #include <cstdint>
 
 namespace flashcute {
 
-enum class DType : int { kFloat16 = 0, kBFloat16 = 1 };
-
 struct FwdParams {
   // Inputs: q (batch, seqlen_q, nheads, head_dim); k, v (batch, seqlen_k, nheads_k, head_dim).
+  // k and v may be null when seqlen_k == 0: no key is ever read.
   const void* q = nullptr;
   const void* k = nullptr;
   const void* v = nullptr;
@@ -34,19 +34,16 @@ struct FwdParams {
   int seqlen_k = 0;
   int nheads = 0;
   int nheads_k = 0;
-  int head_dim = 0;  // the user's head dim: <= 256 and a multiple of 8
+  int head_dim = 0;  // the user's head dim: <= the kernel's, a multiple of 8
 
   float softmax_scale = 0.f;  // usually 1/sqrt(head_dim)
   float softcap = 0.f;        // > 0: scores = softcap * tanh(scores / softcap)
 
-  // Masking, FlashAttention-2 semantics, aligned to the bottom-right corner:
+  // The mask, FlashAttention-2 semantics, aligned to the bottom-right corner:
   // query i sees key j iff  i + seqlen_k - seqlen_q - window_left <= j <= i + seqlen_k - seqlen_q + window_right.
-  // A negative bound means unbounded on that side. causal == true forces window_right = 0.
-  bool causal = false;
+  // -1 is unbounded on that side. Causal is window_right = 0 (plan_fwd folds it in).
   int window_left = -1;
   int window_right = -1;
-
-  DType dtype = DType::kBFloat16;
 };
 
 }  // namespace flashcute

@@ -1,0 +1,127 @@
+# The list of kernels: the one place that says which kernels exist and which a build compiles.
+#
+# From the catalog below and the build options (cmake/FlashcuteOptions.cmake) this file makes
+#   - one generated translation unit per kernel, from src/kernel.cu.in, each explicitly
+#     instantiating one launch function, compiled only for its family's architectures;
+#   - flashcute/build_config.hpp (from src/build_config.hpp.in), which names the same kernels in
+#     flashcute::kCompiledKernels: the host dispatch, the validation, the Python module and the
+#     tests read that, never a list of their own;
+#   - the static library flashcute_kernels.
+#
+# A kernel is (family, direction, dtype, head dim). Families:
+#   sm80  mma.sync + cp.async (include/flashcute/sm80), for every arch in FLASHCUTE_CUDA_ARCHS.
+# A Hopper family (wgmma + TMA, sm90a only) will add its own row, built only for 90a.
+
+# --- the catalog ---------------------------------------------------------------------------
+# Head dims with a tile config in include/flashcute/sm80/config.hpp (static_assert-ed there).
+set(FLASHCUTE_CATALOG_HEAD_DIMS 32 64 96 128 192 256)
+set(FLASHCUTE_CATALOG_DTYPES fp16 bf16)
+set(_flashcute_dtype_enum_fp16 kFloat16)
+set(_flashcute_dtype_enum_bf16 kBFloat16)
+set(FLASHCUTE_FAMILIES sm80)
+set(_flashcute_sm80_directions fwd)
+set(_flashcute_sm80_archs ${FLASHCUTE_ARCH_LIST})  # the mma.sync path runs everywhere from sm80 on
+
+foreach(d IN LISTS FLASHCUTE_HEAD_DIM_LIST)
+  if(NOT d IN_LIST FLASHCUTE_CATALOG_HEAD_DIMS)
+    message(FATAL_ERROR "FLASHCUTE_HEAD_DIMS: '${d}' is not a kernel head dim. Choose from "
+                        "${FLASHCUTE_CATALOG_HEAD_DIMS}; other head dims (multiples of 8) run on the next one up.")
+  endif()
+endforeach()
+foreach(t IN LISTS FLASHCUTE_DTYPE_LIST)
+  if(NOT t IN_LIST FLASHCUTE_CATALOG_DTYPES)
+    message(FATAL_ERROR "FLASHCUTE_DTYPES: '${t}' is not supported. Choose from ${FLASHCUTE_CATALOG_DTYPES}.")
+  endif()
+endforeach()
+
+# --- the list ------------------------------------------------------------------------------
+# _flashcute_enumerator(<out> <name>): the C++ enumerator of a family or direction, sm80 -> kSm80.
+function(_flashcute_enumerator out name)
+  string(SUBSTRING "${name}" 0 1 first)
+  string(SUBSTRING "${name}" 1 -1 rest)
+  string(TOUPPER "${first}" first)
+  set(${out} "k${first}${rest}" PARENT_SCOPE)
+endfunction()
+
+set(_flashcute_generated_dir "${PROJECT_BINARY_DIR}/generated")
+set(_flashcute_kernel_entries "")  # FLASHCUTE_KERNEL(...) spellings for build_config.hpp
+set(_flashcute_object_libraries "")
+set(FLASHCUTE_KERNEL_NAMES "")
+foreach(_family IN LISTS FLASHCUTE_FAMILIES)
+  set(_sources "")
+  foreach(_direction IN LISTS _flashcute_${_family}_directions)
+    foreach(_dtype IN LISTS FLASHCUTE_DTYPE_LIST)
+      foreach(_hdim IN LISTS FLASHCUTE_HEAD_DIM_LIST)
+        set(KERNEL_NAME "${_family}_${_direction}_${_dtype}_hdim${_hdim}")
+        set(KERNEL_FAMILY "${_family}")
+        set(KERNEL_DIRECTION "${_direction}")
+        set(KERNEL_DTYPE "${_flashcute_dtype_enum_${_dtype}}")
+        set(KERNEL_HEAD_DIM "${_hdim}")
+        configure_file("${PROJECT_SOURCE_DIR}/src/kernel.cu.in" "${_flashcute_generated_dir}/${KERNEL_NAME}.cu" @ONLY)
+        list(APPEND _sources "${_flashcute_generated_dir}/${KERNEL_NAME}.cu")
+        list(APPEND FLASHCUTE_KERNEL_NAMES "${KERNEL_NAME}")
+        _flashcute_enumerator(_family_enum "${_family}")
+        _flashcute_enumerator(_direction_enum "${_direction}")
+        list(APPEND _flashcute_kernel_entries
+             "FLASHCUTE_KERNEL(${_family_enum}, ${_direction_enum}, ${KERNEL_DTYPE}, ${_hdim})")
+      endforeach()
+    endforeach()
+  endforeach()
+  if(_sources)
+    # One object library per family: its own CUDA_ARCHITECTURES (SASS for each arch, PTX for the newest).
+    set(_archs ${_flashcute_${_family}_archs})
+    list(TRANSFORM _archs APPEND "-real" OUTPUT_VARIABLE _cuda_archs)
+    list(POP_BACK _cuda_archs)
+    list(GET _archs -1 _newest)
+    list(APPEND _cuda_archs "${_newest}")
+    add_library(flashcute_kernels_${_family} OBJECT ${_sources})
+    set_target_properties(flashcute_kernels_${_family} PROPERTIES
+      CUDA_ARCHITECTURES "${_cuda_archs}" POSITION_INDEPENDENT_CODE ON)
+    target_link_libraries(flashcute_kernels_${_family} PRIVATE flashcute_headers)
+    list(LENGTH _archs _arch_count)
+    set(_flags --use_fast_math -lineinfo)
+    if(_arch_count GREATER 1)
+      list(APPEND _flags --threads=2)  # compile the architectures of one TU in parallel
+    endif()
+    if(FLASHCUTE_PTXAS_VERBOSE)
+      list(APPEND _flags -Xptxas=-v)
+    endif()
+    target_compile_options(flashcute_kernels_${_family} PRIVATE "$<$<COMPILE_LANGUAGE:CUDA>:${_flags}>")
+    list(APPEND _flashcute_object_libraries flashcute_kernels_${_family})
+  endif()
+endforeach()
+list(LENGTH FLASHCUTE_KERNEL_NAMES _flashcute_kernel_count)
+
+# --- flashcute/build_config.hpp ----------------------------------------------------------------
+string(REPLACE ";" ", " BUILD_CATALOG_HEAD_DIMS "${FLASHCUTE_CATALOG_HEAD_DIMS}")
+string(REPLACE ";" "," BUILD_CUDA_ARCHS "${FLASHCUTE_ARCH_LIST}")
+string(REPLACE ";" "," BUILD_HEAD_DIMS "${FLASHCUTE_HEAD_DIM_LIST}")
+string(REPLACE ";" "," BUILD_DTYPES "${FLASHCUTE_DTYPE_LIST}")
+string(REPLACE ";" ", \\\n    " BUILD_KERNEL_LIST "${_flashcute_kernel_entries}")
+configure_file("${PROJECT_SOURCE_DIR}/src/build_config.hpp.in"
+               "${FLASHCUTE_GENERATED_INCLUDE_DIR}/flashcute/build_config.hpp" @ONLY)
+
+# --- the library -----------------------------------------------------------------------------
+set(_flashcute_objects "")
+foreach(_lib IN LISTS _flashcute_object_libraries)
+  list(APPEND _flashcute_objects "$<TARGET_OBJECTS:${_lib}>")
+endforeach()
+add_library(flashcute_kernels STATIC ${_flashcute_objects})
+set_target_properties(flashcute_kernels PROPERTIES POSITION_INDEPENDENT_CODE ON LINKER_LANGUAGE CUDA)
+target_link_libraries(flashcute_kernels PUBLIC flashcute_headers CUDA::cudart_static)
+
+# Report how long the kernels took: a timestamp before the first kernel TU compiles, the elapsed
+# time once the library is archived ("flashcute: kernels (12 instantiations) built in 300 s").
+set(_flashcute_timer_stamp "${PROJECT_BINARY_DIR}/flashcute_kernels.start")
+add_custom_target(flashcute_kernels_timer
+  COMMAND "${CMAKE_COMMAND}" -DACTION=start "-DSTAMP=${_flashcute_timer_stamp}"
+          -P "${PROJECT_SOURCE_DIR}/cmake/BuildTimer.cmake"
+  VERBATIM)
+foreach(_lib IN LISTS _flashcute_object_libraries)
+  add_dependencies(${_lib} flashcute_kernels_timer)
+endforeach()
+add_custom_command(TARGET flashcute_kernels POST_BUILD
+  COMMAND "${CMAKE_COMMAND}" -DACTION=stop "-DSTAMP=${_flashcute_timer_stamp}"
+          "-DWHAT=kernels (${_flashcute_kernel_count} instantiations)" -P "${PROJECT_SOURCE_DIR}/cmake/BuildTimer.cmake"
+  VERBATIM)
+message(STATUS "flashcute: ${_flashcute_kernel_count} kernels: ${FLASHCUTE_KERNEL_NAMES}")

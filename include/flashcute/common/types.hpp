@@ -1,0 +1,59 @@
+// flashcute/common/types.hpp: the names every layer shares.
+//
+// DType is an element type; Arch names a kernel family (the code path a kernel is built from,
+// not the GPU it runs on); Direction is forward or (later) backward. A KernelKey names one
+// compiled kernel: CMake generates the list of them (flashcute/build_config.hpp), and the host
+// dispatch, the Python module and the tests all read that list.
+#pragma once
+
+#include <cstdint>
+
+namespace flashcute {
+
+// The largest head dim any kernel takes; user head dims are multiples of 8 up to it.
+inline constexpr int kMaxHeadDim = 256;
+
+// Element types of the arrays flashcute reads and writes. kOther stands for anything else a
+// caller may pass (int8, float64, ...), so that validation can name it and refuse it.
+enum class DType : uint8_t { kFloat16, kBFloat16, kFloat32, kOther };
+
+constexpr const char* dtype_name(DType d) {
+  switch (d) {
+    case DType::kFloat16: return "float16";
+    case DType::kBFloat16: return "bfloat16";
+    case DType::kFloat32: return "float32";
+    default: return "an unsupported dtype";
+  }
+}
+
+// The spelling of the build option FLASHCUTE_DTYPES.
+constexpr const char* dtype_option(DType d) { return d == DType::kFloat16 ? "fp16" : "bf16"; }
+
+// Kernel families. kSm80: mma.sync m16n8k16 + cp.async + ldmatrix; runs on sm80 and every newer
+// GPU. A Hopper family (wgmma + TMA, built for sm90a only) goes beside it as kSm90.
+enum class Arch : uint8_t { kSm80 };
+
+// kFwd: attention forward. The backward pass adds kBwd.
+enum class Direction : uint8_t { kFwd };
+
+// One compiled kernel. A structural type: usable as a template argument.
+struct KernelKey {
+  Arch arch = Arch::kSm80;
+  Direction direction = Direction::kFwd;
+  DType dtype = DType::kBFloat16;
+  int head_dim = 0;  // the kernel head dim; a user head dim <= it runs on it, padded
+
+  friend constexpr bool operator==(const KernelKey&, const KernelKey&) = default;
+};
+
+constexpr const char* arch_name(Arch a) { return a == Arch::kSm80 ? "sm80" : "unknown"; }
+constexpr const char* direction_name(Direction d) { return d == Direction::kFwd ? "fwd" : "unknown"; }
+
+}  // namespace flashcute
+
+// Spells one KernelKey; flashcute/build_config.hpp lists the compiled kernels with it, and a
+// header-only user can define FLASHCUTE_KERNELS with it (see flashcute/flashcute.hpp).
+#define FLASHCUTE_KERNEL(arch, direction, dtype, head_dim)                                   \
+  ::flashcute::KernelKey {                                                                    \
+    ::flashcute::Arch::arch, ::flashcute::Direction::direction, ::flashcute::DType::dtype, head_dim \
+  }

@@ -1,0 +1,28 @@
+// flashcute/host/api.hpp: the C++ entry point.
+//
+//   flashcute::FwdArgs args;
+//   args.q = flashcute::tensor_ref(q_ptr, flashcute::DType::kBFloat16, {batch, seqlen_q, nheads, head_dim});
+//   ...                                        // k, v, out (mutable_tensor_ref), options
+//   flashcute::Status st = flashcute::run_fwd(args, stream);
+//
+// run_fwd = plan_fwd (the validation, host/validate_fwd.hpp) + launch (host/dispatch.hpp). It
+// never synchronises and never aborts; every problem comes back as a Status. A zero batch or
+// seqlen_q launches nothing; seqlen_k == 0 writes out = 0 and lse = -inf (no key is visible).
+//
+// Needs only the CUDA runtime headers: the kernels themselves are either linked in (flashcute's
+// own build, the flashcute_kernels library) or instantiated by including flashcute/flashcute.hpp.
+#pragma once
+
+#include "flashcute/host/dispatch.hpp"
+#include "flashcute/host/validate_fwd.hpp"
+
+namespace flashcute {
+
+inline Status run_fwd(const FwdArgs& args, cudaStream_t stream) {
+  FwdPlan plan;
+  Status st = plan_fwd(args, plan);
+  if (!st.ok()) return st;
+  return launch(plan, stream);
+}
+
+}  // namespace flashcute

@@ -1,0 +1,42 @@
+// flashcute/sm80/launch_fwd.hpp: host-side launch of one sm80 forward kernel.
+//
+// Defines sm80::launch_fwd<dtype, head dim>, which host/dispatch.hpp declares. A generated
+// translation unit includes only this header and instantiates one of them: it must not see the
+// dispatch's definition, which would instantiate every other kernel of the list too.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "flashcute/common/params.hpp"
+#include "flashcute/common/status.hpp"
+#include "flashcute/host/kernels.hpp"
+#include "flashcute/sm80/config.hpp"
+#include "flashcute/sm80/kernel_fwd.hpp"
+
+namespace flashcute::sm80 {
+
+// Launches the forward kernel built from any FwdTraits (tuning tools use this with non-default
+// configs). Preconditions: what host::plan_fwd guarantees (valid params, 1 <= batch and nheads
+// <= 65535, seqlen_q >= 1) and head_dim <= Traits::kHeadDim.
+template <class Traits>
+Status launch_fwd_with(const FwdParams& params, cudaStream_t stream) {
+  constexpr int kSmem = Traits::kSmemBytes;
+  auto kernel = &fwd_kernel<Traits>;
+  if constexpr (kSmem > 48 * 1024) {
+    // Per-device function attribute; cheap enough to set on every launch.
+    FLASHCUTE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  }
+  const dim3 grid((params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM, params.nheads, params.batch);
+  kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(params);
+  FLASHCUTE_CUDA_CHECK(cudaGetLastError());
+  return Status::success();
+}
+
+// The kernel of the list (flashcute/build_config.hpp): the tile table's config for kHeadDim.
+template <DType kDType, int kHeadDim>
+Status launch_fwd(const FwdParams& params, cudaStream_t stream) {
+  static_assert(validate(default_fwd_config(kHeadDim)) == nullptr, "no valid sm80 config for this head dim");
+  return launch_fwd_with<FwdTraits<kDType, default_fwd_config(kHeadDim)>>(params, stream);
+}
+
+}  // namespace flashcute::sm80

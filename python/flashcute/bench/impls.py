@@ -1,0 +1,148 @@
+"""The implementations the benchmark times: flashcute, the one under test, and its peers.
+
+Each is an :class:`Impl` with a name and ``prepare(point, input_sets, softmax_scale) -> Runner``,
+which raises :class:`Unsupported` when it cannot run the point. The runner holds one
+ready-to-time call per input set (everything else, such as layout changes, is done in prepare,
+outside the timed region) and converts a call's output to (b, s, h, d) for the correctness check.
+Adding a peer (another FlashAttention package) or a pass (backward) is one new subclass and one
+entry in :data:`IMPLS`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .arrays import Inputs, Unsupported
+from .grid import Point
+
+SUBJECT = "flashcute"  # the implementation under test: its errors and wrong results fail the run
+
+
+def _same(out: Any) -> Any:
+    return out
+
+
+@dataclass
+class Runner:
+    """Calls of one implementation at one point, and how to read their output."""
+
+    calls: list[Callable[[], Any]]  # one per input set; each returns the output
+    to_bshd: Callable[[Any], Any] = _same  # a call's output -> (b, s, h, d)
+    context: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext  # entered around the calls
+    layout: str = ""  # how the inputs were passed, when that is a choice (SDPA: "view" or "contiguous")
+
+
+class Impl(ABC):
+    """An attention implementation the benchmark can time."""
+
+    name: str
+
+    def supports(self, framework: str) -> bool:
+        """Whether it can run on arrays of `framework` ("torch" or "cupy")."""
+        return True
+
+    @abstractmethod
+    def prepare(self, point: Point, input_sets: Sequence[Inputs], softmax_scale: float) -> Runner:
+        """A runner with one call per input set; raises Unsupported when the point cannot run."""
+
+    def is_unsupported_error(self, exc: BaseException) -> bool:
+        """Whether `exc`, raised by a call, means "cannot run this point" (n/a) rather than a bug."""
+        return False
+
+
+class Flashcute(Impl):
+    """flashcute.flash_attn_func, called as users call it. Points whose dtype or head dim was left
+    out of the build (FLASHCUTE_DTYPES / FLASHCUTE_HEAD_DIMS) are unsupported."""
+
+    name = SUBJECT
+
+    def prepare(self, point: Point, input_sets: Sequence[Inputs], softmax_scale: float) -> Runner:
+        import flashcute
+
+        dtype_name = {"bf16": "bfloat16", "fp16": "float16"}[point.dtype]
+        if dtype_name not in flashcute.compiled_dtypes():
+            raise Unsupported(f"{dtype_name} is not compiled into this build")
+        if flashcute.kernel_head_dim(point.headdim) == 0:
+            raise Unsupported(
+                f"no kernel for head dim {point.headdim} in this build (compiled: {flashcute.compiled_head_dims()})"
+            )
+
+        def call(x: Inputs) -> Callable[[], Any]:
+            return lambda: flashcute.flash_attn_func(
+                x.q, x.k, x.v, softmax_scale=softmax_scale, causal=point.causal
+            )
+
+        return Runner([call(x) for x in input_sets])
+
+    def is_unsupported_error(self, exc: BaseException) -> bool:
+        return isinstance(exc, NotImplementedError)  # flashcute._C's type for "not compiled"
+
+
+class Sdpa(Impl):
+    """torch's scaled_dot_product_attention pinned to one backend with sdpa_kernel().
+
+    SDPA takes (b, h, s, d), so the inputs are passed as ``.transpose(1, 2)`` views, as
+    FlashAttention users pass them; a backend that refuses the views gets contiguous copies.
+    GQA uses ``enable_gqa=True``.
+    """
+
+    def __init__(self, name: str, backend: str) -> None:
+        self.name = name
+        self.backend = backend  # a torch.nn.attention.SDPBackend member's name
+
+    def supports(self, framework: str) -> bool:
+        return framework == "torch"
+
+    def prepare(self, point: Point, input_sets: Sequence[Inputs], softmax_scale: float) -> Runner:
+        import torch
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        backend = getattr(SDPBackend, self.backend)
+        kwargs: dict[str, Any] = {"is_causal": point.causal, "scale": softmax_scale}
+        if point.nheads != point.nheads_k:
+            kwargs["enable_gqa"] = True
+
+        def bind(q: Any, k: Any, v: Any) -> Callable[[], Any]:
+            return lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, **kwargs)
+
+        def runner(layout: str) -> Runner:
+            calls = []
+            for x in input_sets:
+                q, k, v = (t.transpose(1, 2) for t in (x.q, x.k, x.v))
+                if layout == "contiguous":
+                    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+                calls.append(bind(q, k, v))
+            return Runner(calls, lambda out: out.transpose(1, 2), lambda: sdpa_kernel(backend), layout)
+
+        reasons: dict[str, str] = {}
+        for layout in ("view", "contiguous"):
+            candidate = runner(layout)
+            with warnings.catch_warnings(record=True) as caught, candidate.context():
+                warnings.simplefilter("always")
+                try:
+                    candidate.calls[0]()
+                    torch.cuda.synchronize()
+                    return candidate
+                except Exception as exc:  # RuntimeError "No available kernel", NotImplementedError, ...
+                    why = [str(w.message).splitlines()[0] for w in caught] + [str(exc).splitlines()[0]]
+                    reasons[layout] = " | ".join(why)
+        if len(set(reasons.values())) == 1:
+            raise Unsupported(reasons["view"])
+        raise Unsupported("; ".join(f"{layout}: {why}" for layout, why in reasons.items()))
+
+
+IMPLS: dict[str, Impl] = {
+    impl.name: impl
+    for impl in (
+        Flashcute(),
+        Sdpa("sdpa-flash", "FLASH_ATTENTION"),
+        Sdpa("sdpa-cudnn", "CUDNN_ATTENTION"),
+        Sdpa("sdpa-efficient", "EFFICIENT_ATTENTION"),
+    )
+}

@@ -1,0 +1,357 @@
+// Host-only tests: the kernel list, the sm80 tile table, and the one validation (plan_fwd).
+// Needs no GPU and launches nothing: every pointer is fake and never dereferenced.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include "flashcute/host/api.hpp"
+
+namespace {
+
+using flashcute::DType;
+using flashcute::FwdArgs;
+using flashcute::FwdPlan;
+using flashcute::Status;
+using flashcute::StatusCode;
+using flashcute::sm80::FwdConfig;
+
+std::set<std::string> split(const char* csv) {
+  std::set<std::string> out;
+  std::stringstream ss(csv);
+  for (std::string item; std::getline(ss, item, ',');) out.insert(item);
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------- tiles
+
+TEST(TileTable, EveryCatalogHeadDimHasAValidConfig) {
+  for (int hd : flashcute::kKernelHeadDims) {
+    const FwdConfig cfg = flashcute::sm80::default_fwd_config(hd);
+    EXPECT_EQ(cfg.head_dim, hd);
+    const char* err = flashcute::sm80::validate(cfg);
+    EXPECT_EQ(err, nullptr) << "head dim " << hd << ": " << err;
+  }
+}
+
+TEST(TileTable, ValidateNamesTheBrokenRule) {
+  struct Bad {
+    FwdConfig cfg;
+    const char* message;
+  };
+  const Bad cases[] = {
+      {{.head_dim = 48, .block_m = 128, .block_n = 64, .num_warps = 4}, "head_dim must be a multiple of 32, at most 256"},
+      {{.head_dim = 288, .block_m = 128, .block_n = 64, .num_warps = 4}, "head_dim must be a multiple of 32, at most 256"},
+      {{.head_dim = 128, .block_m = 128, .block_n = 64, .num_warps = 2}, "num_warps must be 4 or 8"},
+      {{.head_dim = 128, .block_m = 128, .block_n = 64, .num_warps = 16}, "num_warps must be 4 or 8"},
+      {{.head_dim = 128, .block_m = 96, .block_n = 64, .num_warps = 4},
+       "block_m must be a multiple of 16 * num_warps (one m16 MMA row block per warp)"},
+      {{.head_dim = 128, .block_m = 64, .block_n = 64, .num_warps = 8},
+       "block_m must be a multiple of 16 * num_warps (one m16 MMA row block per warp)"},
+      {{.head_dim = 128, .block_m = 128, .block_n = 24, .num_warps = 4}, "block_n must be a multiple of 16, at least 32"},
+      {{.head_dim = 128, .block_m = 128, .block_n = 16, .num_warps = 4}, "block_n must be a multiple of 16, at least 32"},
+      {{.head_dim = 256, .block_m = 256, .block_n = 256, .num_warps = 8}, "tiles exceed the 227 KB shared-memory limit"},
+      {{.head_dim = 128, .block_m = 128, .block_n = 48, .num_warps = 8},
+       "block_n must be a multiple of the loader's rows per step"},
+  };
+  for (const Bad& bad : cases) {
+    const char* err = flashcute::sm80::validate(bad.cfg);
+    ASSERT_NE(err, nullptr) << bad.message;
+    EXPECT_STREQ(err, bad.message);
+  }
+}
+
+// ---------------------------------------------------------------------------------------- the list
+
+TEST(KernelList, IsTheProductOfTheBuildOptions) {
+  // CMake wrote both the options and the list into build_config.hpp: they must agree.
+  const std::set<std::string> dims = split(flashcute::kBuildHeadDims), dtypes = split(flashcute::kBuildDtypes);
+  std::set<std::string> listed;
+  for (const flashcute::KernelKey& k : flashcute::kCompiledKernels) {
+    EXPECT_EQ(k.arch, flashcute::Arch::kSm80);
+    EXPECT_EQ(k.direction, flashcute::Direction::kFwd);
+    EXPECT_TRUE(dims.count(std::to_string(k.head_dim))) << k.head_dim;
+    EXPECT_TRUE(dtypes.count(flashcute::dtype_option(k.dtype))) << flashcute::dtype_name(k.dtype);
+    listed.insert(std::string(flashcute::dtype_option(k.dtype)) + "/" + std::to_string(k.head_dim));
+  }
+  EXPECT_EQ(listed.size(), dims.size() * dtypes.size());
+  EXPECT_EQ(flashcute::kNumCompiledKernels, dims.size() * dtypes.size());
+}
+
+TEST(KernelList, HeadDimDispatch) {
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    for (int d = 8; d <= 256; d += 8) {
+      int expected = 0;  // the smallest compiled kernel head dim >= d
+      for (const flashcute::KernelKey& k : flashcute::kCompiledKernels)
+        if (k.dtype == dtype && k.head_dim >= d && (expected == 0 || k.head_dim < expected)) expected = k.head_dim;
+      EXPECT_EQ(flashcute::kernel_head_dim(d, dtype), expected) << d;
+    }
+  }
+  EXPECT_EQ(flashcute::kernel_head_dim(264), 0);
+  EXPECT_EQ(flashcute::catalog_head_dim(32), 32);
+  EXPECT_EQ(flashcute::catalog_head_dim(40), 64);
+  EXPECT_EQ(flashcute::catalog_head_dim(136), 192);
+  EXPECT_EQ(flashcute::catalog_head_dim(200), 256);
+  EXPECT_EQ(flashcute::catalog_head_dim(264), 0);
+}
+
+// ---------------------------------------------------------------------------------------- plan_fwd
+
+const void* fake(std::uintptr_t addr) { return reinterpret_cast<const void*>(addr); }
+void* fake_mut(std::uintptr_t addr) { return reinterpret_cast<void*>(addr); }
+
+// The dtype and head dim this build can run, so that valid calls plan.
+DType built_dtype() { return flashcute::dtype_compiled(DType::kBFloat16) ? DType::kBFloat16 : DType::kFloat16; }
+int built_head_dim() { return flashcute::kCompiledKernels[0].head_dim; }
+
+// A valid call: contiguous (batch, seqlen, heads, head_dim) arrays, GQA 4:1, with lse.
+FwdArgs good_args(int d = built_head_dim()) {
+  const DType dt = built_dtype();
+  FwdArgs a;
+  a.q = flashcute::tensor_ref(fake(0x100000), dt, {2, 100, 8, d});
+  a.k = flashcute::tensor_ref(fake(0x200000), dt, {2, 120, 2, d});
+  a.v = flashcute::tensor_ref(fake(0x300000), dt, {2, 120, 2, d});
+  a.out = flashcute::mutable_tensor_ref(fake_mut(0x400000), dt, {2, 100, 8, d});
+  a.lse = flashcute::mutable_tensor_ref(fake_mut(0x500000), DType::kFloat32, {2, 8, 100});
+  return a;
+}
+
+Status plan(const FwdArgs& a, FwdPlan* out = nullptr) {
+  FwdPlan p;
+  Status st = flashcute::plan_fwd(a, p);
+  if (out) *out = p;
+  return st;
+}
+
+// Expects `st` to be an error of `code` about `arg` whose message contains `fragment`.
+void expect_error(const Status& st, StatusCode code, const char* arg, const std::string& fragment) {
+  EXPECT_EQ(st.code, code) << st.message;
+  EXPECT_EQ(st.arg, arg) << st.message;
+  EXPECT_NE(st.message.find(fragment), std::string::npos) << "message: " << st.message << "\nexpected: " << fragment;
+  EXPECT_FALSE(st.expected.empty());
+  EXPECT_FALSE(st.got.empty());
+}
+
+TEST(PlanFwd, AcceptsAValidCall) {
+  FwdPlan p;
+  ASSERT_TRUE(plan(good_args(), &p).ok()) << plan(good_args()).message;
+  EXPECT_FALSE(p.empty);
+  EXPECT_EQ(p.kernel.head_dim, built_head_dim());
+  EXPECT_EQ(p.kernel.dtype, built_dtype());
+  const int d = built_head_dim();
+  EXPECT_EQ(p.params.q_row_stride, 8 * d);
+  EXPECT_EQ(p.params.q_batch_stride, 100 * 8 * d);
+  EXPECT_EQ(p.params.k_head_stride, d);
+  EXPECT_EQ(p.params.lse_batch_stride, 800);
+  EXPECT_EQ(p.params.lse_head_stride, 100);
+  EXPECT_EQ(p.params.nheads, 8);
+  EXPECT_EQ(p.params.nheads_k, 2);
+  EXPECT_FLOAT_EQ(p.params.softmax_scale, float(1.0 / std::sqrt(double(d))));
+  EXPECT_EQ(p.params.window_left, -1);
+  EXPECT_EQ(p.params.window_right, -1);
+}
+
+TEST(PlanFwd, NormalisesTheMask) {
+  FwdArgs a = good_args();  // seqlen_q 100, seqlen_k 120
+  a.causal = true;
+  FwdPlan p;
+  ASSERT_TRUE(plan(a, &p).ok());
+  EXPECT_EQ(p.params.window_right, 0);
+  a = good_args();
+  a.window_left = 120;            // >= seqlen_k: every key is in reach on the left
+  a.window_right = 1LL << 40;     // beyond int: unbounded
+  ASSERT_TRUE(plan(a, &p).ok());
+  EXPECT_EQ(p.params.window_left, -1);
+  EXPECT_EQ(p.params.window_right, -1);
+  a.window_left = 5;
+  a.window_right = 98;  // < seqlen_q - 1: kept
+  ASSERT_TRUE(plan(a, &p).ok());
+  EXPECT_EQ(p.params.window_left, 5);
+  EXPECT_EQ(p.params.window_right, 98);
+}
+
+TEST(PlanFwd, StridedViewsAndSizeOneDims) {
+  const int d = built_head_dim();
+  const DType dt = built_dtype();
+  FwdArgs a = good_args();
+  // q, k, v as views of one packed (batch, seqlen, 3, heads, d) array.
+  const int64_t row = 3 * 8 * d;
+  a.q = flashcute::tensor_ref(fake(0x100000), dt, {2, 100, 8, d}, {100 * row, row, d, 1});
+  a.k = flashcute::tensor_ref(fake(0x100000 + 2 * 8 * d), dt, {2, 100, 8, d}, {100 * row, row, d, 1});
+  a.v = flashcute::tensor_ref(fake(0x100000 + 2 * 16 * d), dt, {2, 100, 8, d}, {100 * row, row, d, 1});
+  a.lse.reset();
+  FwdPlan p;
+  ASSERT_TRUE(plan(a, &p).ok()) << plan(a).message;
+  EXPECT_EQ(p.params.k_row_stride, row);
+  EXPECT_EQ(p.params.lse, nullptr);
+  // A stride that only ever multiplies index 0 is ignored (and zeroed): batch 1, seqlen 1, 1 head.
+  a = good_args();
+  a.q = flashcute::tensor_ref(fake(0x100000), dt, {1, 1, 1, d}, {3, 5, 7, 1});
+  a.k = flashcute::tensor_ref(fake(0x200000), dt, {1, 1, 1, d}, {3, 5, 7, 1});
+  a.v = a.k;
+  a.out = flashcute::mutable_tensor_ref(fake_mut(0x400000), dt, {1, 1, 1, d}, {13, 11, 9, 1});
+  a.lse.reset();
+  ASSERT_TRUE(plan(a, &p).ok()) << plan(a).message;
+  EXPECT_EQ(p.params.q_batch_stride, 0);
+  EXPECT_EQ(p.params.o_row_stride, 0);
+}
+
+TEST(PlanFwd, EmptyProblems) {
+  FwdArgs a = good_args();
+  const int d = built_head_dim();
+  // No keys: valid, and k/v may be null.
+  a.k = flashcute::tensor_ref(nullptr, built_dtype(), {2, 0, 2, d});
+  a.v = a.k;
+  FwdPlan p;
+  ASSERT_TRUE(plan(a, &p).ok()) << plan(a).message;
+  EXPECT_FALSE(p.empty);
+  EXPECT_EQ(p.params.seqlen_k, 0);
+  // No queries: nothing to launch, null pointers fine.
+  a = good_args();
+  a.q = flashcute::tensor_ref(nullptr, built_dtype(), {2, 0, 8, d});
+  a.out = flashcute::mutable_tensor_ref(nullptr, built_dtype(), {2, 0, 8, d});
+  a.lse = flashcute::mutable_tensor_ref(nullptr, DType::kFloat32, {2, 8, 0});
+  ASSERT_TRUE(plan(a, &p).ok()) << plan(a).message;
+  EXPECT_TRUE(p.empty);
+}
+
+TEST(PlanFwd, RejectsRanksAndDtypes) {
+  FwdArgs a = good_args();
+  a.q.rank = 3;
+  expect_error(plan(a), StatusCode::kInvalidArgument, "q", "q: expected 4 dims (batch, seqlen_q, nheads, headdim), got 3");
+  a = good_args();
+  a.out.rank = 5;
+  expect_error(plan(a), StatusCode::kInvalidArgument, "out", "out: expected 4 dims");
+  a = good_args();
+  a.q.dtype = a.k.dtype = a.v.dtype = a.out.dtype = DType::kOther;
+  a.q.dtype_label = "int8";
+  expect_error(plan(a), StatusCode::kInvalidType, "q", "q: expected a float16 or bfloat16 array, got int8");
+  a = good_args();
+  a.v.dtype = DType::kFloat32;
+  expect_error(plan(a), StatusCode::kInvalidType, "v",
+               std::string("v: expected ") + flashcute::dtype_name(built_dtype()) + " like q, got float32");
+  a = good_args();
+  a.lse->dtype = built_dtype();
+  expect_error(plan(a), StatusCode::kInvalidType, "lse", "lse: expected float32 (batch, nheads, seqlen_q) = (2, 8, 100)");
+}
+
+TEST(PlanFwd, RejectsShapes) {
+  const int d = built_head_dim();
+  const DType dt = built_dtype();
+  FwdArgs a = good_args();
+  a.k.shape[0] = 3;
+  expect_error(plan(a), StatusCode::kInvalidArgument, "k", "k: batch 3 does not match q's batch 2");
+  a = good_args();
+  a.v.shape[1] = 7;
+  expect_error(plan(a), StatusCode::kInvalidArgument, "v", "seqlen_k differs: 7 vs 120");
+  a = good_args();
+  a.k.shape[2] = a.v.shape[2] = 3;
+  expect_error(plan(a), StatusCode::kInvalidArgument, "k", "nheads (8) must be a multiple of nheads_k (3)");
+  a = good_args();
+  a.q.shape[3] = a.k.shape[3] = a.v.shape[3] = a.out.shape[3] = 12;
+  expect_error(plan(a), StatusCode::kInvalidArgument, "q", "headdim must be a multiple of 8 and <= 256, got 12");
+  a = good_args();
+  a.out.shape[1] = 99;
+  expect_error(plan(a), StatusCode::kInvalidArgument, "out", "out: expected shape (2, 100, 8, ");
+  a = good_args();
+  a.lse->shape[2] = 99;
+  expect_error(plan(a), StatusCode::kInvalidArgument, "lse", "got shape (2, 8, 99)");
+  // The launch grid takes at most 65535 heads and batch entries.
+  a = good_args();
+  a.q = flashcute::tensor_ref(fake(0x100000), dt, {70000, 1, 8, d});
+  a.k = a.v = flashcute::tensor_ref(fake(0x200000), dt, {70000, 1, 2, d});
+  a.out = flashcute::mutable_tensor_ref(fake_mut(0x400000), dt, {70000, 1, 8, d});
+  a.lse.reset();
+  expect_error(plan(a), StatusCode::kInvalidArgument, "q", "q: batch 70000 exceeds 65535");
+  a = good_args();
+  a.q = flashcute::tensor_ref(fake(0x100000), dt, {1, 1, 1LL << 31, d});
+  a.out = flashcute::mutable_tensor_ref(fake_mut(0x400000), dt, {1, 1, 1LL << 31, d});
+  a.k = a.v = flashcute::tensor_ref(fake(0x200000), dt, {1, 1, 1, d});
+  a.lse.reset();
+  expect_error(plan(a), StatusCode::kInvalidArgument, "q", "nheads 2147483648 exceeds the supported maximum");
+}
+
+TEST(PlanFwd, RejectsStridesAndPointers) {
+  const int d = built_head_dim();
+  const DType dt = built_dtype();
+  FwdArgs a = good_args();
+  a.k.stride[3] = 2;
+  expect_error(plan(a), StatusCode::kInvalidArgument, "k", "k: the last dim must be contiguous (stride 1), got stride 2");
+  a = good_args();
+  a.v.stride[1] += 4;
+  expect_error(plan(a), StatusCode::kInvalidArgument, "v",
+               "v: the row (seqlen) stride must be a multiple of 8 elements (16 bytes)");
+  a = good_args();
+  a.q.stride[0] = -a.q.stride[0];
+  expect_error(plan(a), StatusCode::kInvalidArgument, "q", "q: negative strides are not supported");
+  a = good_args();
+  a.out = flashcute::mutable_tensor_ref(fake_mut(0x400000), dt, {2, 100, 8, d}, {100 * d, d, 0, 1});
+  expect_error(plan(a), StatusCode::kInvalidArgument, "out", "make distinct elements overlap");
+  a = good_args();
+  a.lse = flashcute::mutable_tensor_ref(fake_mut(0x500000), DType::kFloat32, {2, 8, 100}, {1600, 200, 2});
+  expect_error(plan(a), StatusCode::kInvalidArgument, "lse", "contiguous in seqlen_q (stride 1)");
+  a = good_args();
+  a.k.data = fake(0x200008);
+  expect_error(plan(a), StatusCode::kInvalidArgument, "k", "k: the data pointer must be 16-byte aligned");
+  a = good_args();
+  a.v.data = nullptr;
+  expect_error(plan(a), StatusCode::kInvalidArgument, "v", "v: the data pointer is null");
+  a = good_args();
+  a.lse->data = fake(0x500002);
+  expect_error(plan(a), StatusCode::kInvalidArgument, "lse", "lse: the data pointer must be 4-byte aligned");
+}
+
+TEST(PlanFwd, RejectsScalars) {
+  for (double scale : {0.0, -1.0, double(NAN), double(INFINITY), 1e300, 1e-60}) {
+    FwdArgs a = good_args();
+    a.softmax_scale = scale;
+    expect_error(plan(a), StatusCode::kInvalidArgument, "softmax_scale", "softmax_scale must be a finite number > 0");
+  }
+  for (double cap : {-1.0, double(NAN), double(INFINITY)}) {
+    FwdArgs a = good_args();
+    a.softcap = cap;
+    expect_error(plan(a), StatusCode::kInvalidArgument, "softcap", "softcap must be a finite number >= 0");
+  }
+  FwdArgs a = good_args();
+  a.window_left = -2;
+  expect_error(plan(a), StatusCode::kInvalidArgument, "window_left", "window_left must be >= -1 (-1: unbounded), got -2");
+  a = good_args();
+  a.window_right = -3;
+  expect_error(plan(a), StatusCode::kInvalidArgument, "window_right", "window_right must be >= -1");
+}
+
+TEST(PlanFwd, ReportsWhatTheBuildLeftOut) {
+  for (DType dt : {DType::kFloat16, DType::kBFloat16}) {
+    if (flashcute::dtype_compiled(dt)) continue;
+    FwdArgs a = good_args();
+    a.q.dtype = a.k.dtype = a.v.dtype = a.out.dtype = dt;
+    const Status st = plan(a);
+    EXPECT_EQ(st.code, StatusCode::kNotCompiled);
+    EXPECT_NE(st.message.find("FLASHCUTE_DTYPES"), std::string::npos) << st.message;
+  }
+  for (int d = 8; d <= 256; d += 8) {
+    if (flashcute::kernel_head_dim(d, built_dtype()) != 0) continue;
+    const Status st = plan(good_args(d));
+    EXPECT_EQ(st.code, StatusCode::kNotCompiled) << d;
+    EXPECT_NE(st.message.find("head dim " + std::to_string(d)), std::string::npos) << st.message;
+    EXPECT_NE(st.message.find("FLASHCUTE_HEAD_DIMS"), std::string::npos) << st.message;
+  }
+}
+
+// run_fwd must return before touching CUDA unless it launches: the stream is garbage, so any
+// runtime call would fail or crash.
+cudaStream_t bogus_stream() { return reinterpret_cast<cudaStream_t>(std::uintptr_t{0xdead0}); }
+
+TEST(RunFwd, ValidatesBeforeTouchingCuda) {
+  FwdArgs a = good_args();
+  a.q.shape[0] = a.k.shape[0] = a.v.shape[0] = a.out.shape[0] = a.lse->shape[0] = 0;
+  EXPECT_TRUE(flashcute::run_fwd(a, bogus_stream()).ok());
+  a = good_args();
+  a.softcap = -1.0;
+  EXPECT_EQ(flashcute::run_fwd(a, bogus_stream()).code, StatusCode::kInvalidArgument);
+}
+
+}  // namespace
