@@ -5,9 +5,11 @@
 # line, logs everything to $OUT/log and ends with a short summary. Every stage runs even when an
 # earlier one failed; the exit code is non-zero if any did.
 #
-#   scripts/device_run.sh [test] [sanitize] [bench] [ptxas] [all]     (no stage given: test)
+#   scripts/device_run.sh [test] [ctest] [pytest] [sanitize] [bench] [ptxas] [all]  (none given: test)
 #
-#   test      ctest --test-dir build/dev, then pytest tests/python -rs (junit xml: $OUT/pytest.xml)
+#   test      ctest, then pytest
+#   ctest     ctest --test-dir build/dev (GoogleTest tests, junit xml: $OUT/ctest.xml)
+#   pytest    pytest tests/python -rs (junit xml: $OUT/pytest.xml)
 #   sanitize  compute-sanitizer memcheck and racecheck around scripts/sanitize.py (docs/sanitizer.md)
 #   bench     python -m flashcute.bench $FC_BENCH_ARGS --out-dir $OUT/bench (docs/benchmarks.md)
 #   ptxas     builds with FLASHCUTE_PTXAS_VERBOSE=ON (-Xptxas=-v) and tabulates registers and spills
@@ -36,13 +38,14 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 STAGES=()
 for arg in "$@"; do
   case "$arg" in
-    test | sanitize | bench | ptxas) STAGES+=("$arg") ;;
-    all) STAGES+=(test sanitize bench ptxas) ;;
+    ctest | pytest | sanitize | bench | ptxas) STAGES+=("$arg") ;;
+    test) STAGES+=(ctest pytest) ;;
+    all) STAGES+=(ctest pytest sanitize bench ptxas) ;;
     -h | --help) sed -n '2,25p' "${BASH_SOURCE[0]}"; exit 0 ;;
-    *) echo "device_run.sh: unknown stage '$arg' (test, sanitize, bench, ptxas, all)" >&2; exit 2 ;;
+    *) echo "device_run.sh: unknown stage '$arg' (test, ctest, pytest, sanitize, bench, ptxas, all)" >&2; exit 2 ;;
   esac
 done
-[[ ${#STAGES[@]} -eq 0 ]] && STAGES=(test)
+[[ ${#STAGES[@]} -eq 0 ]] && STAGES=(ctest pytest)
 mkdir -p "$OUT"
 
 want() { [[ " ${STAGES[*]} " == *" $1 "* ]]; }
@@ -82,10 +85,13 @@ install_flashcute() {
   RESULT[install]+=" in $((SECONDS - t0)) s"
 }
 
-stage_test() {
+stage_ctest() {
   banner "ctest"
-  ctest --test-dir build/dev --output-on-failure 2>&1 | tee "$OUT/ctest.log"
+  ctest --test-dir build/dev --output-on-failure --output-junit "$OUT/ctest.xml" 2>&1 | tee "$OUT/ctest.log"
   record ctest "${PIPESTATUS[0]}"
+}
+
+stage_pytest() {
   banner "pytest"
   python3 -m pytest tests/python -rs --junitxml="$OUT/pytest.xml" 2>&1 | tee "$OUT/pytest.log"
   record pytest "${PIPESTATUS[0]}"
@@ -152,7 +158,8 @@ PY
 detail() {  # detail STAGE: one line of what the stage's log says
   local log
   case "$1" in
-    ctest) grep -E 'tests passed|No tests were found' "$OUT/ctest.log" 2>/dev/null | tail -1 ;;
+    ctest) echo "$(grep -E 'tests passed|No tests were found' "$OUT/ctest.log" 2>/dev/null | tail -1)" \
+         "($(grep -c ' Skipped \| (Skipped)' "$OUT/ctest.log" 2>/dev/null) skipped)" ;;
     pytest)
       [[ -f "$OUT/pytest.xml" ]] && python3 - "$OUT/pytest.xml" <<'PY'
 import sys, xml.etree.ElementTree as ET
@@ -192,7 +199,8 @@ main() {
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1 || true
   install_flashcute
   if [[ "${RESULT[install]}" != FAILED* ]]; then
-    want test && stage_test
+    want ctest && stage_ctest
+    want pytest && stage_pytest
     want sanitize && stage_sanitize
     want bench && stage_bench
   else
