@@ -25,11 +25,13 @@ Status launch_kernel(const FwdParams& params, cudaStream_t stream) {
 
 template <std::size_t... I>
 Status launch_listed(const KernelKey& key, const FwdParams& params, cudaStream_t stream, std::index_sequence<I...>) {
-  Status status = Status::invalid(StatusCode::kNotCompiled, "q", "a compiled kernel", "none",
-                                  "flashcute: no kernel for this dtype and head dim was compiled into this build");
-  (void)((kCompiledKernels[I].direction == Direction::kFwd && kCompiledKernels[I] == key &&
-          (status = launch_kernel<kCompiledKernels[I]>(params, stream), true)) ||
-         ...);
+  Status status;
+  const bool found = ((kCompiledKernels[I].direction == Direction::kFwd && kCompiledKernels[I] == key &&
+                       (status = launch_kernel<kCompiledKernels[I]>(params, stream), true)) ||
+                      ...);
+  if (!found)  // plan_fwd only picks compiled kernels: a plan made by hand can get here
+    return Status::invalid(StatusCode::kNotCompiled, "q", "a compiled kernel", "none",
+                           "flashcute: no kernel for this dtype and head dim was compiled into this build");
   return status;
 }
 

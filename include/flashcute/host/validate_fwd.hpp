@@ -21,6 +21,13 @@
 #include "flashcute/common/types.hpp"
 #include "flashcute/host/kernels.hpp"
 
+// Returns the Status of `expr` from the enclosing function when it is an error.
+#define FLASHCUTE_RETURN_IF_ERROR(expr)            \
+  do {                                             \
+    ::flashcute::Status flashcute_st_ = (expr);    \
+    if (!flashcute_st_.ok()) return flashcute_st_; \
+  } while (0)
+
 namespace flashcute {
 
 // A forward call: out = softmax(q k^T * softmax_scale, masked) v, and optionally its logsumexp.
@@ -195,12 +202,6 @@ inline Status head_dim_not_compiled(int64_t head_dim, DType dtype) {
           "); rebuild with e.g. pip install . -C cmake.define.FLASHCUTE_HEAD_DIMS=" +
           join_head_dims(wanted, n_wanted, ","));
 }
-
-#define FLASHCUTE_RETURN_IF_ERROR(expr)          \
-  do {                                           \
-    ::flashcute::Status flashcute_st_ = (expr);  \
-    if (!flashcute_st_.ok()) return flashcute_st_; \
-  } while (0)
 
 }  // namespace detail
 

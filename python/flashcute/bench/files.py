@@ -121,7 +121,7 @@ def write_plot(path: Path, results: Sequence[PointResult], impls: Sequence[str],
             if ax.get_legend_handles_labels()[0]:
                 ax.legend(fontsize=8)
     fig.suptitle(title)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.3 / fig.get_figheight()))  # leave the suptitle its own line
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return True
