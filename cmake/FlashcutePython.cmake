@@ -16,8 +16,14 @@ if(NOT _flashcute_nanobind_result EQUAL 0)
 endif()
 find_package(nanobind CONFIG REQUIRED)
 
+include(FlashcuteXlaFfi)
 nanobind_add_module(_C NB_STATIC "${PROJECT_SOURCE_DIR}/src/flashcute_ext.cpp")
 target_link_libraries(_C PRIVATE flashcute_kernels CUDA::cudart_static)
+if(FLASHCUTE_XLA_FFI_INCLUDE_DIR)
+  target_sources(_C PRIVATE "${PROJECT_SOURCE_DIR}/src/xla_ffi.cpp")
+  target_include_directories(_C SYSTEM PRIVATE "${FLASHCUTE_XLA_FFI_INCLUDE_DIR}")
+  target_compile_definitions(_C PRIVATE FLASHCUTE_WITH_XLA_FFI)
+endif()
 target_compile_definitions(_C PRIVATE "FLASHCUTE_VERSION=\"${PROJECT_VERSION}\"")  # flashcute._C.__version__
 if(CMAKE_SYSTEM_NAME STREQUAL "Linux")
   # Seen on a machine whose toolchain linked libstdc++ statically into the module: its

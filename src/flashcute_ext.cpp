@@ -22,6 +22,8 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
+
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -31,6 +33,12 @@
 #include <vector>
 
 #include "flashcute/host/api.hpp"
+
+#ifdef FLASHCUTE_WITH_XLA_FFI
+#include <utility>
+// src/xla_ffi.cpp: the XLA FFI handlers, (target name, handler) pairs.
+std::vector<std::pair<const char*, void*>> flashcute_xla_ffi_handlers();
+#endif
 
 #ifndef FLASHCUTE_VERSION
 #define FLASHCUTE_VERSION "0.0.0+unknown"
@@ -227,12 +235,14 @@ class DeviceGuard {
  public:
   explicit DeviceGuard(int device) {
     err_ = cudaGetDevice(&prev_);
-    where_ = "cudaGetDevice()";
-    if (err_ != cudaSuccess) return;
+    if (err_ != cudaSuccess) {
+      where_ = "cudaGetDevice()";
+      return;
+    }
     if (prev_ != device) {
       err_ = cudaSetDevice(device);
-      where_ = "cudaSetDevice(" + std::to_string(device) + ")";
       if (err_ == cudaSuccess) switched_ = true;
+      else where_ = "cudaSetDevice(" + std::to_string(device) + ")";
     }
   }
   ~DeviceGuard() {
@@ -254,6 +264,37 @@ class DeviceGuard {
 bool is_special_stream(int64_t s) {
   // 0: the default stream; 1: cudaStreamLegacy; 2: cudaStreamPerThread.
   return s == 0 || s == 1 || s == 2;
+}
+
+// Launches a plan without the GIL, with `device` current. check_stream_device: ask the runtime
+// which device a user-given stream belongs to (a framework's own current stream needs no check).
+void launch_on_device(const flashcute::FwdPlan& plan, int device, int64_t stream, bool check_stream_device) {
+  auto cuda_stream = reinterpret_cast<cudaStream_t>(static_cast<std::intptr_t>(stream));
+  flashcute::Status status;
+  cudaError_t guard_err = cudaSuccess, stream_err = cudaSuccess;
+  int stream_device = device;
+  std::string guard_where;
+  {
+    nb::gil_scoped_release release;
+    DeviceGuard guard(device);
+    guard_err = guard.error();
+    if (guard_err != cudaSuccess) guard_where = guard.where();
+    if (guard_err == cudaSuccess) {
+#if CUDART_VERSION >= 12080
+      if (check_stream_device && !is_special_stream(stream))
+        stream_err = cudaStreamGetDevice(cuda_stream, &stream_device);
+#endif
+      if (stream_err == cudaSuccess && stream_device == device) status = flashcute::launch(plan, cuda_stream);
+    }
+  }
+  if (guard_err != cudaSuccess) cuda_fail(guard_err, guard_where);
+  if (stream_err != cudaSuccess)
+    raise(PyExc_RuntimeError, "flashcute: cudaStreamGetDevice(stream=" + flashcute::detail::hex_ptr(cuda_stream) +
+                                  ") failed: " + cuda_error_text(stream_err) + "; is it a valid CUDA stream?");
+  if (stream_device != device)
+    value_error("stream: belongs to cuda:" + std::to_string(stream_device) + " but q is on cuda:" +
+                std::to_string(device));
+  if (!status.ok()) raise_status(status);
 }
 
 // ---------------------------------------------------------------------------
@@ -295,33 +336,105 @@ void fwd(nb::handle q_obj, nb::handle k_obj, nb::handle v_obj, nb::handle out_ob
   if (lse) check_device("lse", lse->array, q.array);
   if (plan.empty) return;
 
-  // 4. Launch, without the GIL, on q's device.
-  const int device = q.array.device_id();
-  auto cuda_stream = reinterpret_cast<cudaStream_t>(static_cast<std::intptr_t>(stream));
-  flashcute::Status status;
-  cudaError_t guard_err = cudaSuccess, stream_err = cudaSuccess;
-  int stream_device = device;
-  std::string guard_where;
-  {
-    nb::gil_scoped_release release;
-    DeviceGuard guard(device);
-    guard_err = guard.error();
-    guard_where = guard.where();
-    if (guard_err == cudaSuccess) {
-#if CUDART_VERSION >= 12080
-      if (!is_special_stream(stream)) stream_err = cudaStreamGetDevice(cuda_stream, &stream_device);
-#endif
-      if (stream_err == cudaSuccess && stream_device == device) status = flashcute::launch(plan, cuda_stream);
-    }
+  // 4. Launch.
+  launch_on_device(plan, q.array.device_id(), stream, /*check_stream_device=*/true);
+}
+
+// ---------------------------------------------------------------------------
+// fwd_raw: the same call with arrays described by plain values (the framework's eager fast path)
+// ---------------------------------------------------------------------------
+
+flashcute::DType dtype_from_name(const std::string& name) {
+  if (name == "float16") return flashcute::DType::kFloat16;
+  if (name == "bfloat16") return flashcute::DType::kBFloat16;
+  if (name == "float32") return flashcute::DType::kFloat32;
+  return flashcute::DType::kOther;
+}
+
+// (data_ptr, shape, strides, dtype name) -> TensorRef; `label` keeps the dtype name alive.
+template <class Ref>
+Ref ref_from_desc(const char* name, nb::handle desc, std::string& label) {
+  nb::tuple t;
+  if (!nb::try_cast<nb::tuple>(desc, t) || t.size() != 4)
+    type_error(std::string(name) + ": expected a (data_ptr, shape, strides, dtype) descriptor");
+  Ref r;
+  r.data = reinterpret_cast<const void*>(static_cast<std::uintptr_t>(nb::cast<uint64_t>(t[0])));
+  nb::sequence shape = nb::borrow<nb::sequence>(t[1]), strides = nb::borrow<nb::sequence>(t[2]);
+  const size_t rank = nb::len(shape);
+  if (nb::len(strides) != rank) value_error(std::string(name) + ": shape and strides differ in length");
+  r.rank = int(rank);
+  for (size_t i = 0; i < rank && i < size_t(flashcute::TensorRef::kMaxRank); ++i) {
+    r.shape[i] = nb::cast<int64_t>(shape[i]);
+    r.stride[i] = nb::cast<int64_t>(strides[i]);
   }
-  if (guard_err != cudaSuccess) cuda_fail(guard_err, guard_where);
-  if (stream_err != cudaSuccess)
-    raise(PyExc_RuntimeError, "flashcute: cudaStreamGetDevice(stream=" + flashcute::detail::hex_ptr(cuda_stream) +
-                                  ") failed: " + cuda_error_text(stream_err) + "; is it a valid CUDA stream?");
-  if (stream_device != device)
-    value_error("stream: belongs to cuda:" + std::to_string(stream_device) + " but q is on cuda:" +
-                std::to_string(device));
-  if (!status.ok()) raise_status(status);
+  label = nb::cast<std::string>(t[3]);
+  r.dtype = dtype_from_name(label);
+  r.dtype_label = label.c_str();
+  return r;
+}
+
+// Arrays whose framework already checked that they live on one CUDA device, `device`; `stream`
+// is that framework's current stream of the device (or one the caller named, checked when
+// check_stream_device). No DLPack export: the descriptors are built in Python from the arrays'
+// own attributes, which costs less per call.
+void fwd_raw(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse, double softmax_scale,
+             bool causal, int64_t window_left, int64_t window_right, double softcap, int device, int64_t stream,
+             bool check_stream_device) {
+  std::string labels[5];
+  flashcute::FwdArgs args;
+  args.q = ref_from_desc<flashcute::TensorRef>("q", q, labels[0]);
+  args.k = ref_from_desc<flashcute::TensorRef>("k", k, labels[1]);
+  args.v = ref_from_desc<flashcute::TensorRef>("v", v, labels[2]);
+  args.out = ref_from_desc<flashcute::MutableTensorRef>("out", out, labels[3]);
+  if (lse.is_valid() && !lse.is_none()) args.lse = ref_from_desc<flashcute::MutableTensorRef>("lse", lse, labels[4]);
+  if (stream < 0) value_error("stream: expected a CUDA stream handle >= 0, got " + std::to_string(stream));
+  if (device < 0) value_error("device: expected a CUDA device index >= 0, got " + std::to_string(device));
+  args.softmax_scale = softmax_scale;
+  args.causal = causal;
+  args.window_left = window_left;
+  args.window_right = window_right;
+  args.softcap = softcap;
+  flashcute::FwdPlan plan;
+  if (flashcute::Status st = flashcute::plan_fwd(args, plan); !st.ok()) raise_status(st);
+  if (!plan.empty) launch_on_device(plan, device, stream, check_stream_device);
+}
+
+// The validation alone, for contiguous arrays of the given shapes and dtype names, as a tracer
+// (torch.compile's fake tensors, jax.jit) sees them: raises what fwd would, launches nothing.
+void check_fwd(std::vector<int64_t> q_shape, std::vector<int64_t> k_shape, std::vector<int64_t> v_shape,
+               std::string q_dtype, std::string k_dtype, std::string v_dtype, double softmax_scale, bool causal,
+               int64_t window_left, int64_t window_right, double softcap) {
+  // Never dereferenced: 256-byte aligned stand-ins for the buffers a framework will allocate.
+  auto contiguous = [](const void* data, const std::vector<int64_t>& shape, const std::string& dtype) {
+    flashcute::TensorRef r;
+    r.data = data;
+    r.rank = int(shape.size());
+    int64_t stride = 1;
+    for (int i = std::min(r.rank, flashcute::TensorRef::kMaxRank) - 1; i >= 0; --i) {
+      r.shape[i] = shape[size_t(i)];
+      r.stride[i] = stride;
+      stride *= std::max<int64_t>(shape[size_t(i)], 1);
+    }
+    r.dtype = dtype_from_name(dtype);
+    return r;
+  };
+  const void* fake = reinterpret_cast<const void*>(std::uintptr_t{256});
+  flashcute::FwdArgs args;
+  args.q = contiguous(fake, q_shape, q_dtype);
+  args.q.dtype_label = q_dtype.c_str();
+  args.k = contiguous(fake, k_shape, k_dtype);
+  args.k.dtype_label = k_dtype.c_str();
+  args.v = contiguous(fake, v_shape, v_dtype);
+  args.v.dtype_label = v_dtype.c_str();
+  static_cast<flashcute::TensorRef&>(args.out) = contiguous(fake, q_shape, q_dtype);  // made like q
+  args.out.dtype_label = q_dtype.c_str();
+  args.softmax_scale = softmax_scale;
+  args.causal = causal;
+  args.window_left = window_left;
+  args.window_right = window_right;
+  args.softcap = softcap;
+  flashcute::FwdPlan plan;
+  if (flashcute::Status st = flashcute::plan_fwd(args, plan); !st.ok()) raise_status(st);
 }
 
 // ---------------------------------------------------------------------------
@@ -378,23 +491,16 @@ int kernel_head_dim(int64_t d) {
   return flashcute::kernel_head_dim(static_cast<int>(d));
 }
 
-void stream_synchronize(int64_t stream, int device) {
-  if (stream < 0) value_error("stream: expected a CUDA stream handle >= 0, got " + std::to_string(stream));
-  if (device < 0) value_error("device: expected a CUDA device index >= 0, got " + std::to_string(device));
-  auto s = reinterpret_cast<cudaStream_t>(static_cast<std::intptr_t>(stream));
-  cudaError_t err;
-  std::string where;
-  {
-    nb::gil_scoped_release release;
-    DeviceGuard guard(device);
-    err = guard.error();
-    where = guard.where();
-    if (err == cudaSuccess) {
-      err = cudaStreamSynchronize(s);
-      where = "cudaStreamSynchronize(" + flashcute::detail::hex_ptr(s) + ")";
-    }
+nb::dict xla_ffi_targets() {
+  nb::dict targets;
+#ifdef FLASHCUTE_WITH_XLA_FFI
+  for (const auto& [name, handler] : flashcute_xla_ffi_handlers()) {
+    PyObject* capsule = PyCapsule_New(handler, nullptr, nullptr);
+    if (!capsule) throw nb::python_error();
+    targets[name] = nb::steal(capsule);
   }
-  if (err != cudaSuccess) cuda_fail(err, where);
+#endif
+  return targets;
 }
 
 }  // namespace
@@ -431,6 +537,17 @@ NB_MODULE(_C, m) {
         "a cudaStream_t as an int. Never synchronises. Raises TypeError / ValueError naming the argument\n"
         "(with .arg, .expected and .got), NotImplementedError for a dtype / head dim left out of the\n"
         "build, RuntimeError for CUDA errors.");
+  m.def("fwd_raw", &fwd_raw, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a.none(), "softmax_scale"_a, "causal"_a,
+        "window_left"_a, "window_right"_a, "softcap"_a, "device"_a, "stream"_a, "check_stream_device"_a,
+        "fwd() for arrays described as (data_ptr, shape, strides, dtype name) tuples on CUDA device `device`\n"
+        "(the caller checked that). The eager fast path of the torch binding: no DLPack export.");
+  m.def("check_fwd", &check_fwd, "q_shape"_a, "k_shape"_a, "v_shape"_a, "q_dtype"_a, "k_dtype"_a, "v_dtype"_a,
+        "softmax_scale"_a, "causal"_a, "window_left"_a, "window_right"_a, "softcap"_a,
+        "The validation of fwd() for contiguous arrays of these shapes and dtype names, as tracers see them\n"
+        "(torch.compile, jax.jit): raises what fwd() would raise for them; launches nothing.");
+  m.def("xla_ffi_targets", &xla_ffi_targets,
+        "The XLA FFI handlers compiled into this build, {name: PyCapsule}, for jax.ffi.register_ffi_target\n"
+        "(platform 'CUDA'); empty when the build found no XLA FFI headers (build option FLASHCUTE_XLA_FFI).");
   m.def("cuda_device_count", &cuda_device_count,
         "Number of visible CUDA devices; 0 when cudaGetDeviceCount fails (no driver, no device).");
   m.def("cuda_status", &cuda_status,
@@ -444,6 +561,4 @@ NB_MODULE(_C, m) {
   m.def("kernel_head_dim", &kernel_head_dim, "head_dim"_a,
         "The kernel head dim a user head dim runs on (the smallest compiled one >= head_dim), 0 if none.\n"
         "Raises ValueError unless head_dim is a multiple of 8 in [8, 256].");
-  m.def("stream_synchronize", &stream_synchronize, "stream"_a, "device"_a,
-        "Waits (GIL released) for the work queued on one stream of one device; never synchronises the device.");
 }

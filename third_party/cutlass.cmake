@@ -5,7 +5,7 @@
 #   1. -DCUTLASS_DIR=<dir>: any CUTLASS tree with include/cute (a git checkout, an
 #      installed nvidia-cutlass wheel's cutlass_library/source, ...);
 #   2. third_party/cutlass/include, left by an earlier configure or by hand;
-#   3. the nvidia-cutlass wheel pinned in third_party/fetch_cutlass.py (version and
+#   3. the nvidia-cutlass wheel pinned in third_party/fetch_headers.py (version and
 #      sha256), downloaded with pip at configure time and reduced to its headers.
 #
 # Needs find_package(CUDAToolkit) first. Installs the headers (component cpp) to
@@ -30,12 +30,12 @@ else()
   endif()
   message(STATUS "flashcute: fetching the pinned CUTLASS headers into ${_flashcute_cutlass_local}")
   execute_process(
-    COMMAND "${Python_EXECUTABLE}" "${CMAKE_CURRENT_LIST_DIR}/fetch_cutlass.py" --dest "${_flashcute_cutlass_local}"
+    COMMAND "${Python_EXECUTABLE}" "${CMAKE_CURRENT_LIST_DIR}/fetch_headers.py" cutlass --dest "${_flashcute_cutlass_local}"
     RESULT_VARIABLE _flashcute_fetch_result)
   if(NOT _flashcute_fetch_result EQUAL 0)
     message(FATAL_ERROR
-      "flashcute: could not fetch the CUTLASS headers (see the fetch_cutlass output above). Either\n"
-      "  - run `python3 third_party/fetch_cutlass.py` on a machine with network access and copy\n"
+      "flashcute: could not fetch the CUTLASS headers (see the fetch_headers output above). Either\n"
+      "  - run `python3 third_party/fetch_headers.py cutlass` on a machine with network access and copy\n"
       "    third_party/cutlass/ into this checkout, or\n"
       "  - pass -DCUTLASS_DIR=<a CUTLASS source tree> (pip: -C cmake.define.CUTLASS_DIR=<dir>).")
   endif()

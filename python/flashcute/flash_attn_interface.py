@@ -1,11 +1,12 @@
-"""flashcute's Python API: :func:`flash_attn_func` over any DLPack CUDA array.
+"""flashcute's Python API: :func:`flash_attn_func` over torch, CuPy, JAX and any DLPack CUDA array.
 
-The heavy lifting (validation of shapes, strides, dtypes and devices, and the
-launch) is in the compiled module :mod:`flashcute._C`. This module adds what is
-framework specific: recognising torch / CuPy / JAX arrays without importing a
-framework the caller did not use, picking the stream, allocating the outputs
-through the caller's framework (so caching allocators and stream order hold),
-and exporting the arrays through DLPack without stream synchronisation.
+The heavy lifting (validation of shapes, strides, dtypes and devices, and the launch) is in the
+compiled module :mod:`flashcute._C`. This module adds what is framework specific: recognising
+torch / CuPy / JAX arrays without importing a framework the caller did not use, picking the
+stream, and allocating the outputs through the caller's framework (so caching allocators and
+stream order hold). torch goes through the custom op ``flashcute::fwd`` (:mod:`flashcute._torch`),
+JAX through an XLA FFI custom call (:mod:`flashcute._jax`), CuPy and other DLPack producers
+through DLPack.
 """
 
 from __future__ import annotations
@@ -25,10 +26,6 @@ __all__ = ["flash_attn_func"]
 _KDL_CUDA = 2
 _KDL_CUDA_MANAGED = 13
 _DEVICE_TYPE_NAMES = {1: "CPU", 2: "CUDA", 3: "CUDA host (pinned)", 10: "ROCm", 11: "ROCm host", 13: "CUDA managed"}
-
-# CUDA's per-thread default stream handle (cudaStreamPerThread). JAX exposes no
-# current stream, so JAX calls without `stream=` run on this one (see _run_jax).
-_CUDA_STREAM_PER_THREAD = 2
 
 _TORCH, _CUPY, _JAX, _NUMPY, _DLPACK = "torch", "cupy", "jax", "numpy", "dlpack"
 _FRAMEWORK_TYPE_NAMES = {
@@ -73,8 +70,8 @@ def _type_name(x: Any) -> str:
 
 
 def _jax_is_concrete(x: Any) -> bool:
-    # Concrete arrays are jaxlib's C++ ArrayImpl; tracers (inside jit / vmap / grad)
-    # are Python classes of the jax package itself.
+    # Concrete arrays are jaxlib's C++ ArrayImpl; tracers (inside jit / vmap / grad) are Python
+    # classes of the jax package itself.
     t = type(x)
     return t.__module__.split(".")[0] == "jaxlib" or t.__name__ == "ArrayImpl"
 
@@ -89,18 +86,11 @@ def _check_cuda_array(name: str, x: Any) -> str:
         )
     if fw == _NUMPY:
         raise TypeError(f"{name}: expected a CUDA array, got a CPU numpy.ndarray")
-    if fw == _TORCH:
-        if x.device.type != "cuda":
-            raise TypeError(f"{name}: expected a CUDA array, got a {x.device.type.upper()} torch.Tensor")
-        return fw
-    if fw == _CUPY:
-        return fw
+    if fw == _TORCH or fw == _CUPY:
+        return fw  # torch: its path checks the device; CuPy arrays are CUDA arrays
     if fw == _JAX:
         if not _jax_is_concrete(x):
-            raise TypeError(
-                f"{name}: got a traced JAX value ({type(x).__name__}); flashcute.flash_attn_func runs "
-                "eagerly on concrete jax.Array values and cannot be used inside jax.jit / vmap / grad"
-            )
+            return fw  # a tracer: where it runs is XLA's to decide (the FFI target is CUDA-only)
         ndev = len(x.devices())
         if ndev != 1:
             raise ValueError(f"{name}: a jax.Array sharded over {ndev} devices; flashcute needs single-device arrays")
@@ -185,67 +175,22 @@ def _parse_stream(stream: Any) -> Optional[int]:
 # Per-framework launch
 # ---------------------------------------------------------------------------
 #
-# DLPack export: nanobind, given a plain object, calls x.__dlpack__() (with
-# max_version, or nothing) but never passes a stream. For torch and CuPy a
-# missing stream means stream=None, which they read as "the consumer uses the
-# legacy default stream": whenever the current stream is another one, they
-# record an event on it and make the *default* stream wait on it (recent torch
-# does this even for stream=None; older torch only for an explicit stream).
-# That is not a device synchronisation, but it is a cross-stream dependency
-# nobody asked for, made on the *current device's* streams even if the tensor
-# lives elsewhere. flashcute therefore exports torch and CuPy arrays itself
-# with stream=-1 (the protocol's "no synchronisation, the consumer orders the
-# work") and hands nanobind the capsules. The work is then ordered explicitly:
-# the kernel runs on the framework's current stream, in whose order the inputs
-# are ready by that framework's own convention; when `stream=` names a
-# different stream, that stream first waits (an event, no host block) for the
-# current one. JAX arrays are passed as they are (see _run_jax).
+# torch: flashcute._torch (the custom op, and an eager fast path that passes data pointers,
+# shapes and strides, no DLPack). JAX: flashcute._jax (an XLA FFI custom call).
+#
+# CuPy: DLPack export. nanobind, given a plain object, calls x.__dlpack__() (with max_version,
+# or nothing) but never passes a stream, which CuPy reads as "the consumer uses the legacy
+# default stream" and answers with a cross-stream dependency nobody asked for. flashcute
+# therefore exports CuPy arrays itself with stream=-1 (the protocol's "no synchronisation, the
+# consumer orders the work") and hands nanobind the capsules. The work is then ordered
+# explicitly: the kernel runs on CuPy's current stream, in whose order the inputs are ready by
+# CuPy's own convention; when `stream=` names a different stream, that stream first waits (an
+# event, no host block) for the current one. The same holds for torch's eager path.
 
 
 def _lse_shape(q: Any) -> Tuple[int, int, int]:
     b, sq, h, _ = q.shape
     return (b, h, sq)
-
-
-def _run_torch(q, k, v, out, return_lse, stream, args):
-    torch = sys.modules["torch"]
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-        raise NotImplementedError(
-            "flashcute.flash_attn_func has no backward pass yet, and q, k or v requires grad; "
-            "call it under torch.no_grad() / torch.inference_mode() or pass detached tensors"
-        )
-    device = q.device
-    current = torch.cuda.current_stream(device)
-    if stream is None or stream == current.cuda_stream:
-        handle = current.cuda_stream
-        alloc_ctx = contextlib.nullcontext()
-    else:
-        handle = stream
-        default = torch.cuda.default_stream(device)
-        launch = default if stream == default.cuda_stream else torch.cuda.ExternalStream(stream, device=device)
-        launch.wait_stream(current)
-        # Allocate on the launch stream, so the caching allocator will not hand
-        # these blocks to other work before the launch stream is done with them.
-        alloc_ctx = torch.cuda.stream(launch)
-    with alloc_ctx:
-        if out is None:
-            out = torch.empty(q.shape, dtype=q.dtype, device=device)
-        lse = torch.empty(_lse_shape(q), dtype=torch.float32, device=device) if return_lse else None
-
-    _C.fwd(*(_torch_export(torch, t) for t in (q, k, v, out, lse)), *args, handle)
-    return out, lse
-
-
-def _torch_export(torch, t):
-    if t is None:
-        return None
-    t = t.detach()  # torch refuses to export tensors that require grad
-    # Recent torch refuses to export a tensor of another device than the current one.
-    index = t.device.index
-    if index == torch.cuda.current_device():
-        return t.__dlpack__(stream=-1)
-    with torch.cuda.device(index):
-        return t.__dlpack__(stream=-1)
 
 
 def _run_cupy(q, k, v, out, return_lse, stream, args):
@@ -274,45 +219,6 @@ def _run_cupy(q, k, v, out, return_lse, stream, args):
     return out, lse
 
 
-def _run_jax(q, k, v, out, return_lse, stream, args):
-    # JAX arrays are immutable and JAX exposes no current stream, so:
-    #  1. the output (and lse) are allocated by JAX (jnp.empty, i.e. zero-filled
-    #     fresh buffers that nothing else references);
-    #  2. the inputs and those fresh buffers are made ready (block_until_ready),
-    #     so no JAX work on them is in flight on JAX's own streams;
-    #  3. the kernel runs on `stream`, or on the calling thread's per-thread
-    #     default stream (cudaStreamPerThread: no implicit synchronisation with
-    #     JAX's streams or other threads' work, unlike the legacy stream 0);
-    #  4. that one stream is synchronised (never the device) before the output
-    #     is handed back to JAX, which assumes a returned array is complete.
-    # Trade-off: the host blocks twice (inputs ready, kernel done), so calls
-    # cannot overlap with other host work or be traced into jax.jit. Doing better
-    # needs an XLA FFI custom call that runs on JAX's own stream.
-    if out is not None:
-        raise TypeError(
-            "out: JAX arrays are immutable, so out= is not supported with JAX inputs; "
-            "flash_attn_func returns a new array"
-        )
-    jax = sys.modules["jax"]
-    jnp = jax.numpy
-    (device,) = q.devices()
-    device_id = int(q.__dlpack_device__()[1])
-    out = jnp.empty(q.shape, dtype=q.dtype, device=device)
-    lse = jnp.empty(_lse_shape(q), dtype=jnp.float32, device=device) if return_lse else None
-    jax.block_until_ready([a for a in (q, k, v, out, lse) if a is not None])
-    handle = _CUDA_STREAM_PER_THREAD if stream is None else stream
-    # Inputs: nanobind calls __dlpack__() without a stream; JAX then waits (on the host) until
-    # each buffer is ready, which after block_until_ready is immediate. Outputs: JAX may flag its
-    # exports read-only, and _C.fwd takes outputs only writable, so they go as legacy (unversioned)
-    # capsules, which carry no flags. Writing into them is sound only because they are the fresh
-    # buffers made above, which nothing else references yet.
-    _C.fwd(q, k, v, out.__dlpack__(), None if lse is None else lse.__dlpack__(), *args, handle)
-    b, sq = q.shape[0], q.shape[1]
-    if b > 0 and sq > 0:
-        _C.stream_synchronize(handle, device_id)
-    return out, lse
-
-
 def _run_dlpack(q, k, v, out, return_lse, stream, args):
     # A DLPack producer flashcute does not know: it cannot allocate through it.
     if out is None or return_lse:
@@ -330,6 +236,18 @@ def _run_dlpack(q, k, v, out, return_lse, stream, args):
 
     _C.fwd(export(q), export(k), export(v), export(out), None, *args, handle)
     return out, None
+
+
+def _run_torch(q, k, v, out, return_lse, stream, args):
+    from . import _torch  # imports torch, which the caller has
+
+    return _torch.flash_attn(q, k, v, out, return_lse, stream, args)
+
+
+def _run_jax(q, k, v, out, return_lse, stream, args):
+    from . import _jax  # imports jax, which the caller has
+
+    return _jax.flash_attn(q, k, v, out, return_lse, stream, args)
 
 
 _RUNNERS = {_TORCH: _run_torch, _CUPY: _run_cupy, _JAX: _run_jax, _DLPACK: _run_dlpack}
@@ -411,12 +329,13 @@ def flash_attn_func(
             with dropout_p > 0, which flashcute does not support).
         return_lse: bool. Return ``(out, lse)``.
         out: optional preallocated output like q (same shape and dtype; may be a strided view,
-            with the same stride rules as q). Not supported for JAX, whose arrays are immutable.
+            with the same stride rules as q). Eager only: not under torch.compile, torch.export or
+            other tracing (TypeError there), and not for JAX, whose arrays are immutable.
         stream: where to run. None (default): the framework's current stream, i.e.
-            ``torch.cuda.current_stream(q.device)`` or ``cupy.cuda.get_current_stream()``; for JAX,
-            which has no current stream, the calling thread's per-thread default stream. Or an int
+            ``torch.cuda.current_stream(q.device)`` or ``cupy.cuda.get_current_stream()``. Or an int
             cudaStream_t handle, or an object with ``__cuda_stream__`` (the CUDA stream protocol),
-            ``.cuda_stream`` (torch) or ``.ptr`` (CuPy).
+            ``.cuda_stream`` (torch) or ``.ptr`` (CuPy). Eager only, as ``out``; not for JAX, where
+            the kernel runs on the stream XLA gives it.
 
     Stream semantics: the inputs are taken to be ready in the order of the framework's current
     stream (the framework's own rule). When ``stream`` is another stream, it first waits for the
@@ -425,11 +344,15 @@ def flash_attn_func(
     the caller's to order, as for any work on a side stream. flashcute never synchronises the
     device, and for torch and CuPy never blocks the host.
 
-    JAX: arrays are immutable and JAX exposes no current stream, so flash_attn_func allocates the
-    output with JAX, waits until the inputs are ready (``block_until_ready``), runs the kernel on
-    ``stream`` (default: the per-thread default stream) and synchronises that stream -- only that
-    stream -- before returning, so that the returned jax.Array is complete when JAX reads it. The
-    host blocks for the duration of the call, and the function cannot be used inside ``jax.jit``.
+    torch: the call is the custom op ``torch.ops.flashcute.fwd``, so it works under
+    ``torch.compile`` (also ``fullgraph=True``, ``dynamic=True``, ``mode="reduce-overhead"``),
+    ``torch.export`` and CUDA-graph capture; plain eager calls skip the op dispatcher for speed and
+    run the same kernel on the same stream.
+
+    JAX: the call is an XLA FFI custom call, so it works eagerly (without blocking the host) and
+    under ``jax.jit``, ``lax.scan`` and ``jax.vmap`` (a vmapped axis is folded into the batch);
+    ``jax.grad`` raises NotImplementedError until flashcute has a backward pass. Bad input raises
+    the same errors at trace time.
 
     Return:
         out: (batch_size, seqlen_q, nheads, headdim), like q, in q's framework.
@@ -467,11 +390,11 @@ def flash_attn_func(
     return_attn_probs = _as_bool("return_attn_probs", return_attn_probs)
     window_left, window_right = _parse_window_size(window_size)
     softcap = _as_real("softcap", softcap)
-    if not math.isfinite(softcap) or softcap < 0:
+    if not 0 <= softcap < math.inf:  # comparisons, not math.isfinite: also fine under torch.compile
         raise ValueError(f"softcap must be a finite number >= 0 (0 disables it), got {softcap!r}")
     if softmax_scale is not None:
         softmax_scale = _as_real("softmax_scale", softmax_scale)
-        if not math.isfinite(softmax_scale) or softmax_scale <= 0:
+        if not 0 < softmax_scale < math.inf:
             raise ValueError(f"softmax_scale must be a finite number > 0, got {softmax_scale!r}")
     causal = _as_bool("causal", causal)
     return_lse = _as_bool("return_lse", return_lse)
@@ -490,7 +413,7 @@ def flash_attn_func(
         raise ValueError(f"q: expected 4 dims (batch, seqlen_q, nheads, headdim), got {len(q.shape)}")
     if softmax_scale is None:
         headdim = int(q.shape[3])
-        softmax_scale = 1.0 / math.sqrt(headdim) if headdim > 0 else 1.0  # headdim 0 is rejected by _C.fwd
+        softmax_scale = 1.0 / math.sqrt(headdim) if headdim > 0 else 1.0  # headdim 0 is rejected by the validation
 
     args = (float(softmax_scale), causal, window_left, window_right, softcap)
     out, lse = _RUNNERS[fw](q, k, v, out, return_lse or return_attn_probs, stream, args)

@@ -7,6 +7,9 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
+#include <cstdint>
+
 #include "flashcute/common/params.hpp"
 #include "flashcute/common/status.hpp"
 #include "flashcute/host/kernels.hpp"
@@ -23,8 +26,16 @@ Status launch_fwd_with(const FwdParams& params, cudaStream_t stream) {
   constexpr int kSmem = Traits::kSmemBytes;
   auto kernel = &fwd_kernel<Traits>;
   if constexpr (kSmem > 48 * 1024) {
-    // Per-device function attribute; cheap enough to set on every launch.
-    FLASHCUTE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+    // A per-device function attribute: set it once per device, so that a launch made while a
+    // stream is being captured into a CUDA graph (after the usual warm-up) is the only CUDA call.
+    static std::atomic<uint64_t> set_on_devices{0};
+    int device = 0;
+    FLASHCUTE_CUDA_CHECK(cudaGetDevice(&device));
+    const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
+    if (bit == 0 || !(set_on_devices.load(std::memory_order_relaxed) & bit)) {
+      FLASHCUTE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+      set_on_devices.fetch_or(bit, std::memory_order_relaxed);
+    }
   }
   const dim3 grid((params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM, params.nheads, params.batch);
   kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(params);

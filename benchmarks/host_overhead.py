@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""Host time per call: flashcute against SDPA, eager and compiled, and under jax.jit.
+
+    python3 benchmarks/host_overhead.py [--calls 2000] [--repeats 3] [--json FILE]
+
+At a small shape (batch 1, seqlen 128, 8 heads, head dim 64, bf16) the GPU work is a few
+microseconds, so a loop of calls with one synchronisation at its end measures what a call costs
+the host: argument handling, allocation, validation, the launch. Each figure is the best of
+--repeats loops of --calls calls (after a warm-up), in microseconds per call. Rows whose library is
+missing are skipped. docs/benchmarks.md ("Host overhead") records a run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from typing import Any, Callable, Dict, List, Tuple
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+B, S, H, D = 1, 128, 8, 64
+
+
+def per_call_us(call: Callable[[], Any], sync: Callable[[Any], None], calls: int, repeats: int) -> float:
+    for _ in range(max(50, calls // 10)):
+        last = call()
+    sync(last)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            last = call()
+        sync(last)
+        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
+    return best
+
+
+def torch_rows() -> List[Tuple[str, Callable[[], Any], Callable[[Any], None]]]:
+    import torch
+    import torch.nn.functional as F
+
+    import flashcute
+    from flashcute import _torch  # noqa: F401  (the op)
+
+    q, k, v = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))  # SDPA's (b, h, s, d), as FA users pass it
+
+    def sync(_: Any) -> None:
+        torch.cuda.synchronize()
+
+    def sdpa(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def fc(q, k, v):
+        return flashcute.flash_attn_func(q, k, v, causal=True)
+
+    sdpa_c, fc_c = torch.compile(sdpa, fullgraph=True), torch.compile(fc, fullgraph=True)
+    scale = D**-0.5
+    return [
+        ("torch eager: SDPA", lambda: sdpa(qt, kt, vt), sync),
+        ("torch eager: flashcute.flash_attn_func", lambda: fc(q, k, v), sync),
+        ("torch eager: torch.ops.flashcute.fwd (the op)",
+         lambda: torch.ops.flashcute.fwd(q, k, v, scale, True, -1, -1, 0.0, False), sync),
+        ("torch.compile: SDPA", lambda: sdpa_c(qt, kt, vt), sync),
+        ("torch.compile: flashcute.flash_attn_func", lambda: fc_c(q, k, v), sync),
+    ]
+
+
+def jax_rows() -> List[Tuple[str, Callable[[], Any], Callable[[Any], None]]]:
+    import jax
+    import jax.numpy as jnp
+
+    import flashcute
+
+    keys = jax.random.split(jax.random.PRNGKey(0), 3)
+    q, k, v = (jax.random.normal(kk, (B, S, H, D), dtype=jnp.bfloat16) for kk in keys)
+
+    def sync(x: Any) -> None:
+        jax.block_until_ready(x)
+
+    fc = jax.jit(lambda q, k, v: flashcute.flash_attn_func(q, k, v, causal=True))
+    ref = jax.jit(lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True))
+    return [
+        ("jax.jit: jax.nn.dot_product_attention", lambda: ref(q, k, v), sync),
+        ("jax.jit: flashcute.flash_attn_func", lambda: fc(q, k, v), sync),
+    ]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", help="also write the results here")
+    args = parser.parse_args()
+    results: Dict[str, float] = {}
+    for make in (torch_rows, jax_rows):
+        try:
+            rows = make()
+        except ImportError as exc:
+            print(f"skipped {make.__name__}: {exc}")
+            continue
+        for name, call, sync in rows:
+            results[name] = per_call_us(call, sync, args.calls, args.repeats)
+            print(f"{name:52s} {results[name]:7.1f} us/call", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"shape (b, s, h, d)": [B, S, H, D], "dtype": "bfloat16", "us_per_call": results}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

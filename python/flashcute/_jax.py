@@ -1,0 +1,130 @@
+"""flashcute's JAX binding: the forward as an XLA FFI custom call.
+
+The handler (src/xla_ffi.cpp, compiled into flashcute._C) is registered with XLA as
+``flashcute_fwd`` for the CUDA platform and called with ``jax.ffi.ffi_call``, so it runs on the
+stream XLA gives it, inside ``jax.jit``, ``lax.scan`` and command buffers, with no host
+synchronisation. XLA allocates the outputs.
+
+- **Trace-time errors.** Before the call is staged out, ``flashcute._C.check_fwd`` runs the library's
+  one validation on the shapes and dtypes, so bad input raises the same TypeError / ValueError
+  naming the argument as the other frameworks, at trace time.
+- **vmap.** A vmapped leading axis is folded into the batch (``jax.custom_batching.custom_vmap``):
+  one launch over ``vmap_size * batch``, not a loop. Unbatched operands are broadcast first.
+- **grad.** The call is a ``jax.custom_vjp`` whose backward raises until flashcute has a backward
+  pass; the backward issue plugs its FFI handler in there.
+
+Imported by flashcute only when a jax.Array is passed, so ``import flashcute`` never imports JAX.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, NamedTuple, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import _C
+
+_TARGET = "flashcute_fwd"
+_registered = False
+
+
+class Options(NamedTuple):
+    """The static (non-array) arguments of a call, hashable for jax's caches."""
+
+    softmax_scale: float
+    causal: bool
+    window_left: int
+    window_right: int
+    softcap: float
+
+
+def _register() -> None:
+    global _registered
+    if _registered:
+        return
+    targets = _C.xla_ffi_targets()
+    if _TARGET not in targets:
+        raise NotImplementedError(
+            "flashcute was built without its JAX binding: no XLA FFI headers were found at build time "
+            "(build option FLASHCUTE_XLA_FFI; install jax before building flashcute, or set it to ON)"
+        )
+    jax.ffi.register_ffi_target(_TARGET, targets[_TARGET], platform="CUDA")
+    _registered = True
+
+
+def _dtype_name(x: Any) -> str:
+    return str(jnp.dtype(x.dtype))
+
+
+def check(q: Any, k: Any, v: Any, opts: Options) -> None:
+    """The library's validation on what a tracer knows: shapes and dtypes."""
+    _C.check_fwd(tuple(q.shape), tuple(k.shape), tuple(v.shape), _dtype_name(q), _dtype_name(k), _dtype_name(v),
+                 *opts)
+
+
+def _ffi_fwd(q: Any, k: Any, v: Any, opts: Options) -> Tuple[Any, Any]:
+    b, sq, h, _ = q.shape
+    call = jax.ffi.ffi_call(
+        _TARGET,
+        (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b, h, sq), jnp.float32)),
+    )
+    return call(q, k, v, softmax_scale=np.float32(opts.softmax_scale), causal=bool(opts.causal),
+                window_left=np.int64(opts.window_left), window_right=np.int64(opts.window_right),
+                softcap=np.float32(opts.softcap))
+
+
+# vmap: fold the vmapped axis into the batch. custom_vmap hands the rule each batched operand with
+# its vmapped axis first.
+def _folded(opts: Options):
+    @jax.custom_batching.custom_vmap
+    def f(q, k, v):
+        return _ffi_fwd(q, k, v, opts)
+
+    @f.def_vmap
+    def rule(axis_size, in_batched, q, k, v):
+        q, k, v = (x if batched else jnp.broadcast_to(x, (axis_size, *x.shape)) for x, batched in zip((q, k, v), in_batched))
+        fold = lambda x: x.reshape(axis_size * x.shape[1], *x.shape[2:])  # noqa: E731
+        out, lse = f(fold(q), fold(k), fold(v))  # f again: a nested vmap folds once more
+        b = q.shape[1]
+        return (out.reshape(axis_size, b, *out.shape[1:]), lse.reshape(axis_size, b, *lse.shape[1:])), (True, True)
+
+    return f
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _attention(q: Any, k: Any, v: Any, opts: Options) -> Tuple[Any, Any]:
+    return _folded(opts)(q, k, v)
+
+
+def _attention_fwd(q, k, v, opts):
+    return _attention(q, k, v, opts), None
+
+
+def _attention_bwd(opts, residuals, cotangents):
+    raise NotImplementedError(
+        "flashcute.flash_attn_func has no backward pass yet: jax.grad (and any other reverse-mode "
+        "differentiation) of it is not supported; stop the gradient (jax.lax.stop_gradient) around "
+        "its inputs or use it where no gradient flows"
+    )
+
+
+_attention.defvjp(_attention_fwd, _attention_bwd)
+
+
+def flash_attn(q: Any, k: Any, v: Any, out: Any, return_lse: bool, stream: Any, args: tuple) -> Tuple[Any, Any]:
+    """flash_attn_func's JAX path. args: (softmax_scale, causal, window_left, window_right, softcap)."""
+    if out is not None:
+        raise TypeError(
+            "out: JAX arrays are immutable, so out= is not supported with JAX inputs; flash_attn_func returns a "
+            "new array"
+        )
+    if stream is not None:
+        raise TypeError("stream: not supported with JAX inputs: flashcute runs on the stream XLA gives it")
+    opts = Options(*args)
+    check(q, k, v, opts)
+    _register()
+    o, lse = _attention(q, k, v, opts)
+    return o, (lse if return_lse else None)

@@ -1,0 +1,140 @@
+"""flashcute's PyTorch binding: the custom op ``flashcute::fwd``, and the eager fast path.
+
+The op is registered from Python with ``torch.library.custom_op``; flashcute links no part of
+PyTorch. It has a fake implementation (output and lse shapes, dtypes and strides, no data), so
+``torch.compile`` (``fullgraph=True``, ``dynamic=True``, ``mode="reduce-overhead"``),
+``torch.export`` and CUDA-graph capture all see one opaque op. Its CUDA implementation allocates the
+outputs with torch on the current stream and launches there, through ``flashcute._C.fwd_raw``.
+
+``flash_attn_func`` on torch tensors goes through the op whenever something may be tracing it:
+under ``torch.compile``/``torch.export``, with a dispatch mode active (FakeTensorMode, FlopCounter,
+...) and for tensor subclasses. Plain eager calls take a fast path to the same ``fwd_raw`` that
+skips the op dispatcher (about 10 us a call: shared/notes/host-overhead.md); the kernel, the
+validation and the stream are the same either way. The backward pass will register its gradient
+on this op (``register_autograd``); until then, inputs that require grad are refused.
+
+Imported by flashcute only when a torch tensor is passed, so ``import flashcute`` never imports torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import _C
+
+_DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
+
+
+def _dtype_name(t: Tensor) -> str:
+    return _DTYPE_NAMES.get(t.dtype) or str(t.dtype).replace("torch.", "")
+
+
+def _desc(t: Tensor) -> Tuple[int, Any, Tuple[int, ...], str]:
+    """(data_ptr, shape, strides, dtype name): what _C.fwd_raw needs of a tensor."""
+    return (t.data_ptr(), t.shape, t.stride(), _dtype_name(t))
+
+
+def _lse_shape(q: Tensor) -> Tuple[Any, Any, Any]:
+    b, sq, h, _ = q.shape
+    return (b, h, sq)
+
+
+def _launch(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Optional[Tensor], args: tuple, stream: int,
+            check_stream_device: bool) -> None:
+    _C.fwd_raw(_desc(q), _desc(k), _desc(v), _desc(out), None if lse is None else _desc(lse), *args,
+               q.device.index, stream, check_stream_device)
+
+
+def _check_devices(q: Tensor, k: Tensor, v: Tensor, out: Optional[Tensor] = None) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v), ("out", out)):
+        if t is None:
+            continue
+        if t.device.type != "cuda":
+            raise TypeError(f"{name}: expected a CUDA array, got a {t.device.type.upper()} torch.Tensor")
+        if t.device != q.device:
+            raise ValueError(f"{name}: on {t.device} but q is on {q.device}")
+
+
+# ---------------------------------------------------------------------------------------- the op
+
+
+@torch.library.custom_op("flashcute::fwd", mutates_args=(), device_types="cuda")
+def fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, window_left: int, window_right: int,
+        softcap: float, return_lse: bool) -> Tuple[Tensor, Tensor]:
+    """out = attention(q, k, v); lse = its logsumexp (batch, nheads, seqlen_q), or an empty tensor
+    when return_lse is False. q (batch, seqlen_q, nheads, headdim); k, v (batch, seqlen_k, nheads_k,
+    headdim); window bounds -1 for unbounded. Runs on the current stream of q's device."""
+    _check_devices(q, k, v)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty(_lse_shape(q) if return_lse else (0,), dtype=torch.float32, device=q.device)
+    args = (softmax_scale, causal, window_left, window_right, softcap)
+    _launch(q, k, v, out, lse if return_lse else None, args, torch.cuda.current_stream(q.device).cuda_stream, False)
+    return out, lse
+
+
+@fwd.register_fake
+def _fwd_fake(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, window_left: int,
+              window_right: int, softcap: float, return_lse: bool) -> Tuple[Tensor, Tensor]:
+    # The validation at trace time, where the shapes are known (under dynamic shapes the launch
+    # validates them; the dtypes and the head dim are checked either way).
+    shapes = [tuple(t.shape) for t in (q, k, v)]
+    concrete = all(isinstance(d, int) for s in shapes for d in s)
+    if concrete:
+        _C.check_fwd(*shapes, *(_dtype_name(t) for t in (q, k, v)), softmax_scale, causal, window_left,
+                     window_right, softcap)
+    out = q.new_empty(q.shape)
+    lse = q.new_empty(_lse_shape(q) if return_lse else (0,), dtype=torch.float32)
+    return out, lse
+
+
+# ---------------------------------------------------------------------------------------- the entry
+
+
+def _may_be_traced(*tensors: Optional[Tensor]) -> bool:
+    """Whether anything but a plain eager call could be happening: then the op is the way in."""
+    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0:
+        return True
+    return any(t is not None and type(t) is not Tensor for t in tensors)
+
+
+def flash_attn(q: Tensor, k: Tensor, v: Tensor, out: Optional[Tensor], return_lse: bool, stream: Optional[int],
+               args: tuple) -> Tuple[Tensor, Optional[Tensor]]:
+    """flash_attn_func's torch path. args: (softmax_scale, causal, window_left, window_right, softcap)."""
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        raise NotImplementedError(
+            "flashcute.flash_attn_func has no backward pass yet, and q, k or v requires grad; "
+            "call it under torch.no_grad() / torch.inference_mode() or pass detached tensors"
+        )
+    if _may_be_traced(q, k, v, out):
+        if out is not None or stream is not None:
+            raise TypeError(
+                "out=, stream=: not supported under torch.compile, torch.export or other tracing (the traced "
+                "op allocates its output and runs on the current stream); call without them there"
+            )
+        o, lse = torch.ops.flashcute.fwd(q, k, v, *args, return_lse)
+        return o, (lse if return_lse else None)
+
+    # Eager: the same launch as the op's, without the dispatcher.
+    _check_devices(q, k, v, out)
+    device = q.device
+    current = torch.cuda.current_stream(device)
+    if stream is None or stream == current.cuda_stream:
+        handle, alloc_ctx, check = current.cuda_stream, contextlib.nullcontext(), False
+    else:
+        handle, check = stream, True
+        default = torch.cuda.default_stream(device)
+        launch = default if stream == default.cuda_stream else torch.cuda.ExternalStream(stream, device=device)
+        launch.wait_stream(current)
+        # Allocate on the launch stream, so the caching allocator will not hand these blocks to
+        # other work before the launch stream is done with them.
+        alloc_ctx = torch.cuda.stream(launch)
+    with alloc_ctx:
+        if out is None:
+            out = torch.empty(q.shape, dtype=q.dtype, device=device)
+        lse = torch.empty(_lse_shape(q), dtype=torch.float32, device=device) if return_lse else None
+    _launch(q, k, v, out, lse, args, handle, check)
+    return out, lse

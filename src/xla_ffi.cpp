@@ -1,0 +1,98 @@
+// flashcute's XLA FFI handler: the forward as a typed XLA custom call, for JAX.
+//
+// XLA hands the handler its buffers (contiguous, row-major) and the CUDA stream of the
+// computation. The handler describes the buffers as TensorRefs, runs the library's one validation
+// (plan_fwd) and launches on that stream: no allocation, no synchronisation, no host access to
+// device data, so XLA may record it into a command buffer (CUDA graph). Errors come back as
+// ffi::Error, never as exceptions. python/flashcute/_jax.py registers it ("flashcute_fwd",
+// platform "CUDA") and calls it with jax.ffi.ffi_call.
+//
+// Built into flashcute._C when CMake finds XLA's FFI headers (cmake/FlashcuteXlaFfi.cmake);
+// jaxlib ships them (jax.ffi.include_dir()). Nothing of JAX is linked.
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "flashcute/host/api.hpp"
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+flashcute::DType to_dtype(ffi::DataType t) {
+  switch (t) {
+    case ffi::DataType::F16: return flashcute::DType::kFloat16;
+    case ffi::DataType::BF16: return flashcute::DType::kBFloat16;
+    case ffi::DataType::F32: return flashcute::DType::kFloat32;
+    default: return flashcute::DType::kOther;
+  }
+}
+
+// An XLA buffer: row-major, contiguous.
+template <class Ref>
+Ref describe(const ffi::AnyBuffer& buffer) {
+  Ref r;
+  r.data = buffer.untyped_data();
+  r.dtype = to_dtype(buffer.element_type());
+  r.dtype_label = "a dtype flashcute does not take";
+  const auto dims = buffer.dimensions();
+  r.rank = int(dims.size());
+  int64_t stride = 1;
+  for (int i = std::min(r.rank, flashcute::TensorRef::kMaxRank) - 1; i >= 0; --i) {
+    r.shape[i] = dims[size_t(i)];
+    r.stride[i] = stride;
+    stride *= dims[size_t(i)] > 1 ? dims[size_t(i)] : 1;
+  }
+  return r;
+}
+
+ffi::Error fwd_impl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                    ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse, float softmax_scale, bool causal,
+                    int64_t window_left, int64_t window_right, float softcap) {
+  flashcute::FwdArgs args;
+  args.q = describe<flashcute::TensorRef>(q);
+  args.k = describe<flashcute::TensorRef>(k);
+  args.v = describe<flashcute::TensorRef>(v);
+  args.out = describe<flashcute::MutableTensorRef>(*out);
+  args.lse = describe<flashcute::MutableTensorRef>(*lse);
+  args.softmax_scale = softmax_scale;
+  args.causal = causal;
+  args.window_left = window_left;
+  args.window_right = window_right;
+  args.softcap = softcap;
+  flashcute::FwdPlan plan;
+  flashcute::Status st = flashcute::plan_fwd(args, plan);
+  if (st.ok()) st = flashcute::launch(plan, stream);
+  if (st.ok()) return ffi::Error::Success();
+  const ffi::ErrorCode code = st.code == flashcute::StatusCode::kCudaError     ? ffi::ErrorCode::kInternal
+                              : st.code == flashcute::StatusCode::kNotCompiled ? ffi::ErrorCode::kUnimplemented
+                                                                               : ffi::ErrorCode::kInvalidArgument;
+  return ffi::Error(code, "flashcute: " + st.message);
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(flashcute_xla_fwd, fwd_impl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()  // q
+                                  .Arg<ffi::AnyBuffer>()  // k
+                                  .Arg<ffi::AnyBuffer>()  // v
+                                  .Ret<ffi::AnyBuffer>()  // out
+                                  .Ret<ffi::AnyBuffer>()  // lse
+                                  .Attr<float>("softmax_scale")
+                                  .Attr<bool>("causal")
+                                  .Attr<int64_t>("window_left")
+                                  .Attr<int64_t>("window_right")
+                                  .Attr<float>("softcap"),
+                              {ffi::Traits::kCmdBufferCompatible});
+
+std::vector<std::pair<const char*, void*>> flashcute_xla_ffi_handlers() {
+  return {{"flashcute_fwd", reinterpret_cast<void*>(flashcute_xla_fwd)}};
+}

@@ -1,0 +1,110 @@
+"""The torch custom op flashcute::fwd without a GPU: registration, the fake implementation, and
+tracing with torch.compile / torch.export on meta tensors (CI runs these with a CPU torch).
+
+Meta tensors carry shapes, dtypes and strides but no data, and run an op's fake implementation,
+so everything a tracer sees can be checked here; tests/python/test_torch_compile.py runs the
+same on the GPU and compares values.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import flashcute  # noqa: E402
+from flashcute import _torch  # noqa: E402,F401  (registers the op)
+
+
+def meta(*shape, dtype=torch.float16):
+    return torch.empty(shape, dtype=dtype, device="meta")
+
+
+def attn(q, k, v, **kw):
+    return flashcute.flash_attn_func(q, k, v, **kw)
+
+
+def test_op_is_registered_with_its_schema():
+    schema = str(torch.ops.flashcute.fwd.default._schema)
+    assert schema.startswith("flashcute::fwd(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal, "
+                             "SymInt window_left, SymInt window_right, float softcap, bool return_lse)"), schema
+    assert schema.endswith("-> (Tensor, Tensor)"), schema
+
+
+@pytest.mark.parametrize("return_lse", [False, True])
+def test_fake_implementation(return_lse):
+    q, k = meta(2, 128, 8, 64), meta(2, 100, 4, 64)
+    out, lse = torch.ops.flashcute.fwd(q, k, k, 0.125, True, -1, -1, 0.0, return_lse)
+    assert out.shape == q.shape and out.dtype == q.dtype and out.is_contiguous()
+    assert lse.dtype == torch.float32
+    assert lse.shape == ((2, 8, 128) if return_lse else (0,))
+
+
+def test_fake_implementation_validates():
+    with pytest.raises(ValueError, match="k: batch 3 does not match q's batch 2"):
+        torch.ops.flashcute.fwd(meta(2, 128, 8, 64), meta(3, 100, 4, 64), meta(3, 100, 4, 64), 0.125, False, -1, -1,
+                                0.0, False)
+    with pytest.raises(TypeError, match="v: expected float16 like q, got float32"):
+        torch.ops.flashcute.fwd(meta(2, 128, 8, 64), meta(2, 100, 4, 64), meta(2, 100, 4, 64, dtype=torch.float32),
+                                0.125, False, -1, -1, 0.0, False)
+
+
+def test_compile_fullgraph_has_no_graph_break():
+    q, k = meta(2, 128, 8, 64), meta(2, 100, 4, 64)
+    explained = torch._dynamo.explain(lambda q, k, v: attn(q, k, v, causal=True, return_lse=True))(q, k, k)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+    assert "flashcute.fwd" in explained.graphs[0].code
+    out, lse = torch.compile(lambda q, k, v: attn(q, k, v, causal=True, return_lse=True), fullgraph=True,
+                             backend="eager")(q, k, k)
+    assert out.shape == q.shape and lse.shape == (2, 8, 128)
+
+
+def test_compile_dynamic_shapes():
+    f = torch.compile(lambda q, k, v: attn(q, k, v, window_size=(16, 0)), fullgraph=True, dynamic=True,
+                      backend="aot_eager")
+    for b, sq, sk in [(1, 64, 64), (3, 200, 17), (2, 17, 1000)]:
+        out = f(meta(b, sq, 8, 64), meta(b, sk, 2, 64), meta(b, sk, 2, 64))
+        assert out.shape == (b, sq, 8, 64)
+
+
+def test_trace_time_errors_name_the_argument():
+    # The fake implementation raises the validation's ValueError; Dynamo may report it inside its
+    # own exception type, with the message.
+    f = torch.compile(lambda q, k, v: attn(q, k, v), fullgraph=True, backend="eager")
+    with pytest.raises(Exception, match=r"nheads \(8\) must be a multiple of nheads_k \(3\)"):
+        f(meta(2, 128, 8, 64), meta(2, 100, 3, 64), meta(2, 100, 3, 64))
+    with pytest.raises(Exception, match=r"headdim must be a multiple of 8 and <= 256, got 60"):
+        f(meta(2, 128, 8, 60), meta(2, 100, 8, 60), meta(2, 100, 8, 60))
+
+
+@pytest.mark.parametrize("kw", [{"out": "like q"}, {"stream": 0}])
+def test_eager_only_keywords_refused_under_compile(kw):
+    q = meta(1, 16, 2, 64)
+    kwargs = {name: (torch.empty_like(q) if value == "like q" else value) for name, value in kw.items()}
+    with pytest.raises(Exception, match="not supported under torch.compile"):
+        torch.compile(lambda q: attn(q, q, q, **kwargs), fullgraph=True, backend="eager")(q)
+
+
+def test_requires_grad_is_refused_in_eager_and_compiled():
+    q = meta(1, 16, 2, 64).requires_grad_()
+    with pytest.raises(NotImplementedError, match="no backward pass yet"):
+        attn(q, q.detach(), q.detach())
+    with pytest.raises(Exception, match="no backward pass yet"):
+        torch.compile(lambda q: attn(q, q.detach(), q.detach()), fullgraph=True, backend="eager")(q)
+
+
+def test_export():
+    class M(torch.nn.Module):
+        def forward(self, q, k, v):
+            return flashcute.flash_attn_func(q, k, v, causal=True)
+
+    q, k = meta(2, 128, 8, 64), meta(2, 100, 4, 64)
+    program = torch.export.export(M(), (q, k, k))
+    assert "torch.ops.flashcute.fwd.default" in program.graph_module.code
+    assert program.module()(q, k, k).shape == q.shape
+
+
+def test_eager_meta_tensors_are_not_cuda():
+    # Outside a tracer, a plain eager call on meta tensors is an ordinary non-CUDA tensor.
+    with pytest.raises(TypeError, match="q: expected a CUDA array, got a META torch.Tensor"):
+        attn(meta(1, 16, 2, 64), meta(1, 16, 2, 64), meta(1, 16, 2, 64))
