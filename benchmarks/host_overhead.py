@@ -42,7 +42,7 @@ def torch_rows() -> List[Tuple[str, Callable[[], Any], Callable[[Any], None]]]:
     import torch.nn.functional as F
 
     import flashcute
-    from flashcute import _torch  # noqa: F401  (the op)
+    from flashcute import _C, _torch
 
     q, k, v = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))  # SDPA's (b, h, s, d), as FA users pass it
@@ -58,6 +58,10 @@ def torch_rows() -> List[Tuple[str, Callable[[], Any], Callable[[Any], None]]]:
 
     sdpa_c, fc_c = torch.compile(sdpa, fullgraph=True), torch.compile(fc, fullgraph=True)
     scale = D**-0.5
+    # The parts of a flashcute eager call, for the breakdown.
+    out = torch.empty_like(q)
+    descs = [_torch._desc(t) for t in (q, k, v, out)]
+    stream = torch.cuda.current_stream().cuda_stream
     return [
         ("torch eager: SDPA", lambda: sdpa(qt, kt, vt), sync),
         ("torch eager: flashcute.flash_attn_func", lambda: fc(q, k, v), sync),
@@ -65,6 +69,12 @@ def torch_rows() -> List[Tuple[str, Callable[[], Any], Callable[[Any], None]]]:
          lambda: torch.ops.flashcute.fwd(q, k, v, scale, True, -1, -1, 0.0, False), sync),
         ("torch.compile: SDPA", lambda: sdpa_c(qt, kt, vt), sync),
         ("torch.compile: flashcute.flash_attn_func", lambda: fc_c(q, k, v), sync),
+        ("  part: _C.fwd_raw, descriptors made (validate + launch)",
+         lambda: _C.fwd_raw(*descs, None, scale, True, -1, -1, 0.0, 0, stream, False), sync),
+        ("  part: torch.empty like q", lambda: torch.empty(q.shape, dtype=q.dtype, device=0), sync),
+        ("  part: 4 descriptors", lambda: [_torch._desc(t) for t in (q, k, v, out)], sync),
+        ("  part: torch.cuda.current_stream().cuda_stream", lambda: torch.cuda.current_stream(0).cuda_stream, sync),
+        ("  part: torch._C._cuda_getCurrentRawStream", lambda: torch._C._cuda_getCurrentRawStream(0), sync),
     ]
 
 

@@ -351,23 +351,33 @@ flashcute::DType dtype_from_name(const std::string& name) {
   return flashcute::DType::kOther;
 }
 
+// A tuple of ints (torch.Size and Tensor.stride() are tuples) into out[]; returns its length.
+// Read with the tuple API: this runs four times on every eager call.
+size_t read_ints(const char* name, PyObject* seq, int64_t* out) {
+  if (!PyTuple_Check(seq)) type_error(std::string(name) + ": expected the shape and strides as tuples of ints");
+  const Py_ssize_t n = PyTuple_GET_SIZE(seq);
+  for (Py_ssize_t i = 0; i < n && i < flashcute::TensorRef::kMaxRank; ++i) {
+    out[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(seq, i));
+    if (out[i] == -1 && PyErr_Occurred()) throw nb::python_error();
+  }
+  return size_t(n);
+}
+
 // (data_ptr, shape, strides, dtype name) -> TensorRef; `label` keeps the dtype name alive.
 template <class Ref>
 Ref ref_from_desc(const char* name, nb::handle desc, std::string& label) {
-  nb::tuple t;
-  if (!nb::try_cast<nb::tuple>(desc, t) || t.size() != 4)
+  PyObject* t = desc.ptr();
+  if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 4)
     type_error(std::string(name) + ": expected a (data_ptr, shape, strides, dtype) descriptor");
   Ref r;
-  r.data = reinterpret_cast<const void*>(static_cast<std::uintptr_t>(nb::cast<uint64_t>(t[0])));
-  nb::sequence shape = nb::borrow<nb::sequence>(t[1]), strides = nb::borrow<nb::sequence>(t[2]);
-  const size_t rank = nb::len(shape);
-  if (nb::len(strides) != rank) value_error(std::string(name) + ": shape and strides differ in length");
+  const unsigned long long ptr = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(t, 0));
+  if (PyErr_Occurred()) throw nb::python_error();
+  r.data = reinterpret_cast<const void*>(static_cast<std::uintptr_t>(ptr));
+  const size_t rank = read_ints(name, PyTuple_GET_ITEM(t, 1), r.shape);
+  if (read_ints(name, PyTuple_GET_ITEM(t, 2), r.stride) != rank)
+    value_error(std::string(name) + ": shape and strides differ in length");
   r.rank = int(rank);
-  for (size_t i = 0; i < rank && i < size_t(flashcute::TensorRef::kMaxRank); ++i) {
-    r.shape[i] = nb::cast<int64_t>(shape[i]);
-    r.stride[i] = nb::cast<int64_t>(strides[i]);
-  }
-  label = nb::cast<std::string>(t[3]);
+  label = nb::cast<std::string>(nb::handle(PyTuple_GET_ITEM(t, 3)));
   r.dtype = dtype_from_name(label);
   r.dtype_label = label.c_str();
   return r;

@@ -18,7 +18,6 @@ Imported by flashcute only when a torch tensor is passed, so ``import flashcute`
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any, Optional, Tuple
 
 import torch
@@ -43,20 +42,28 @@ def _lse_shape(q: Tensor) -> Tuple[Any, Any, Any]:
     return (b, h, sq)
 
 
-def _launch(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Optional[Tensor], args: tuple, stream: int,
-            check_stream_device: bool) -> None:
-    _C.fwd_raw(_desc(q), _desc(k), _desc(v), _desc(out), None if lse is None else _desc(lse), *args,
-               q.device.index, stream, check_stream_device)
+def _launch(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Optional[Tensor], args: tuple, index: int,
+            stream: int, check_stream_device: bool) -> None:
+    _C.fwd_raw(_desc(q), _desc(k), _desc(v), _desc(out), None if lse is None else _desc(lse), *args, index, stream,
+               check_stream_device)
 
 
-def _check_devices(q: Tensor, k: Tensor, v: Tensor, out: Optional[Tensor] = None) -> None:
+def _cuda_index(q: Tensor, k: Tensor, v: Tensor, out: Optional[Tensor] = None) -> int:
+    """The index of the one CUDA device all of them are on; raises naming the first one that is not."""
+    index = q.get_device()
     for name, t in (("q", q), ("k", k), ("v", v), ("out", out)):
         if t is None:
             continue
-        if t.device.type != "cuda":
+        if not t.is_cuda:
             raise TypeError(f"{name}: expected a CUDA array, got a {t.device.type.upper()} torch.Tensor")
-        if t.device != q.device:
+        if t.get_device() != index:
             raise ValueError(f"{name}: on {t.device} but q is on {q.device}")
+    return index
+
+
+def _current_stream(index: int) -> int:
+    # The raw handle, without making a torch.cuda.Stream object (a few microseconds a call).
+    return torch._C._cuda_getCurrentRawStream(index)
 
 
 # ---------------------------------------------------------------------------------------- the op
@@ -68,11 +75,11 @@ def fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, win
     """out = attention(q, k, v); lse = its logsumexp (batch, nheads, seqlen_q), or an empty tensor
     when return_lse is False. q (batch, seqlen_q, nheads, headdim); k, v (batch, seqlen_k, nheads_k,
     headdim); window bounds -1 for unbounded. Runs on the current stream of q's device."""
-    _check_devices(q, k, v)
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty(_lse_shape(q) if return_lse else (0,), dtype=torch.float32, device=q.device)
+    index = _cuda_index(q, k, v)
+    out = torch.empty(q.shape, dtype=q.dtype, device=index)
+    lse = torch.empty(_lse_shape(q) if return_lse else (0,), dtype=torch.float32, device=index)
     args = (softmax_scale, causal, window_left, window_right, softcap)
-    _launch(q, k, v, out, lse if return_lse else None, args, torch.cuda.current_stream(q.device).cuda_stream, False)
+    _launch(q, k, v, out, lse if return_lse else None, args, index, _current_stream(index), False)
     return out, lse
 
 
@@ -89,6 +96,9 @@ def _fwd_fake(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: boo
     out = q.new_empty(q.shape)
     lse = q.new_empty(_lse_shape(q) if return_lse else (0,), dtype=torch.float32)
     return out, lse
+
+
+_fwd_op = torch.ops.flashcute.fwd.default  # resolved once: torch.ops attribute lookups cost per call
 
 
 # ---------------------------------------------------------------------------------------- the entry
@@ -115,26 +125,28 @@ def flash_attn(q: Tensor, k: Tensor, v: Tensor, out: Optional[Tensor], return_ls
                 "out=, stream=: not supported under torch.compile, torch.export or other tracing (the traced "
                 "op allocates its output and runs on the current stream); call without them there"
             )
-        o, lse = torch.ops.flashcute.fwd(q, k, v, *args, return_lse)
+        o, lse = _fwd_op(q, k, v, *args, return_lse)
         return o, (lse if return_lse else None)
 
     # Eager: the same launch as the op's, without the dispatcher.
-    _check_devices(q, k, v, out)
-    device = q.device
-    current = torch.cuda.current_stream(device)
-    if stream is None or stream == current.cuda_stream:
-        handle, alloc_ctx, check = current.cuda_stream, contextlib.nullcontext(), False
-    else:
-        handle, check = stream, True
-        default = torch.cuda.default_stream(device)
-        launch = default if stream == default.cuda_stream else torch.cuda.ExternalStream(stream, device=device)
-        launch.wait_stream(current)
-        # Allocate on the launch stream, so the caching allocator will not hand these blocks to
-        # other work before the launch stream is done with them.
-        alloc_ctx = torch.cuda.stream(launch)
-    with alloc_ctx:
+    index = _cuda_index(q, k, v, out)
+    current = _current_stream(index)
+    if stream is None or stream == current:
         if out is None:
-            out = torch.empty(q.shape, dtype=q.dtype, device=device)
-        lse = torch.empty(_lse_shape(q), dtype=torch.float32, device=device) if return_lse else None
-    _launch(q, k, v, out, lse, args, handle, check)
+            out = torch.empty(q.shape, dtype=q.dtype, device=index)
+        lse = torch.empty(_lse_shape(q), dtype=torch.float32, device=index) if return_lse else None
+        _launch(q, k, v, out, lse, args, index, current, False)
+        return out, lse
+    # stream= names another stream: it waits for the current one (an event, no host block).
+    device = q.device
+    default = torch.cuda.default_stream(device)
+    launch = default if stream == default.cuda_stream else torch.cuda.ExternalStream(stream, device=device)
+    launch.wait_stream(torch.cuda.current_stream(device))
+    # Allocate on the launch stream, so the caching allocator will not hand these blocks to other
+    # work before the launch stream is done with them.
+    with torch.cuda.stream(launch):
+        if out is None:
+            out = torch.empty(q.shape, dtype=q.dtype, device=index)
+        lse = torch.empty(_lse_shape(q), dtype=torch.float32, device=index) if return_lse else None
+    _launch(q, k, v, out, lse, args, index, stream, True)
     return out, lse

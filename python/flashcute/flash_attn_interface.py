@@ -107,6 +107,8 @@ def _check_cuda_array(name: str, x: Any) -> str:
 
 
 def _as_int(name: str, value: Any) -> int:
+    if type(value) is int:  # the common case first: these run on every call
+        return value
     if isinstance(value, bool):
         raise TypeError(f"{name}: expected an int, got bool")
     try:
@@ -116,7 +118,9 @@ def _as_int(name: str, value: Any) -> int:
 
 
 def _as_bool(name: str, value: Any) -> bool:
-    if isinstance(value, bool) or type(value).__name__ == "bool_":  # bool or numpy.bool_
+    if value is True or value is False:
+        return value
+    if type(value).__name__ == "bool_":  # numpy.bool_
         return bool(value)
     if isinstance(value, int) and value in (0, 1):
         return bool(value)
@@ -135,6 +139,8 @@ def _parse_window_size(window_size: Any) -> Tuple[int, int]:
 
 
 def _as_real(name: str, value: Any) -> float:
+    if type(value) is float:
+        return value
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name}: expected a float, got {_type_name(value)}")
     return float(value)
@@ -239,15 +245,19 @@ def _run_dlpack(q, k, v, out, return_lse, stream, args):
 
 
 def _run_torch(q, k, v, out, return_lse, stream, args):
-    from . import _torch  # imports torch, which the caller has
-
-    return _torch.flash_attn(q, k, v, out, return_lse, stream, args)
+    global _run_torch_impl
+    if _run_torch_impl is None:  # first torch call: import the binding (torch is there already)
+        from ._torch import flash_attn as _run_torch_impl
+    return _run_torch_impl(q, k, v, out, return_lse, stream, args)
 
 
 def _run_jax(q, k, v, out, return_lse, stream, args):
     from . import _jax  # imports jax, which the caller has
 
     return _jax.flash_attn(q, k, v, out, return_lse, stream, args)
+
+
+_run_torch_impl = None
 
 
 _RUNNERS = {_TORCH: _run_torch, _CUPY: _run_cupy, _JAX: _run_jax, _DLPACK: _run_dlpack}

@@ -549,3 +549,47 @@ def test_not_compiled_float16():
     q, k, v = qkv()
     with raises(NotImplementedError, "float16", "FLASHCUTE_DTYPES"):
         fwd(q, k, v)
+
+
+# ------------------------------------------------------------------------------------ _C.fwd_raw / check_fwd
+
+
+def _desc(shape, dtype="float16", ptr=0x10000, strides=None):
+    if strides is None:
+        strides, acc = [], 1
+        for s in reversed(shape):
+            strides.insert(0, acc)
+            acc *= s
+    return (ptr, tuple(shape), tuple(strides), dtype)
+
+
+def fwd_raw(q, k, v, out=None, lse=None, **kw):
+    args = dict(softmax_scale=0.125, causal=False, window_left=-1, window_right=-1, softcap=0.0)
+    args.update(kw)
+    return _C.fwd_raw(q, k, v, out if out is not None else q, lse, *args.values(), 0, 0, False)
+
+
+def test_fwd_raw_validates_before_any_cuda_call():
+    # The torch binding's entry: the same validation as fwd, from (ptr, shape, strides, dtype).
+    q, kv = _desc((2, 128, 8, 64)), _desc((3, 100, 4, 64), ptr=0x20000)
+    with raises(ValueError, "k: batch 3 does not match q's batch 2"):
+        fwd_raw(q, kv, kv)
+    kv = _desc((2, 100, 4, 64), "bfloat16", ptr=0x20000)
+    with raises(TypeError, "k: expected float16 like q, got bfloat16"):
+        fwd_raw(q, kv, kv)
+    kv = _desc((2, 100, 4, 64), ptr=0x20008)
+    with raises(ValueError, "k: the data pointer must be 16-byte aligned"):
+        fwd_raw(q, kv, kv)
+    with raises(TypeError, "q: expected a (data_ptr, shape, strides, dtype) descriptor"):
+        fwd_raw((0x10000, (2, 128, 8, 64)), kv, kv)
+    with raises(ValueError, "softcap must be a finite number >= 0"):
+        fwd_raw(q, _desc((2, 100, 4, 64), ptr=0x20000), _desc((2, 100, 4, 64), ptr=0x20000), softcap=-1.0)
+
+
+def test_check_fwd_is_the_same_validation():
+    shapes = ((2, 128, 8, 64), (2, 100, 3, 64), (2, 100, 3, 64))
+    with raises(ValueError, "nheads (8) must be a multiple of nheads_k (3)"):
+        _C.check_fwd(*shapes, "float16", "float16", "float16", 0.125, False, -1, -1, 0.0)
+    with raises(ValueError, "window_left must be >= -1"):
+        _C.check_fwd((1, 4, 2, 64), (1, 4, 2, 64), (1, 4, 2, 64), "float16", "float16", "float16", 0.125, False, -5,
+                     -1, 0.0)
