@@ -320,11 +320,7 @@ void fwd(nb::handle q_obj, nb::handle k_obj, nb::handle v_obj, nb::handle out_ob
   args.v = v.ref;
   args.out = out.ref;
   if (lse) args.lse = lse->ref;
-  args.softmax_scale = softmax_scale;
-  args.causal = causal;
-  args.window_left = window_left;
-  args.window_right = window_right;
-  args.softcap = softcap;
+  args.set_options(softmax_scale, causal, window_left, window_right, softcap);
   flashcute::FwdPlan plan;
   if (flashcute::Status st = flashcute::plan_fwd(args, plan); !st.ok()) raise_status(st);
 
@@ -399,11 +395,7 @@ void fwd_raw(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handl
   if (lse.is_valid() && !lse.is_none()) args.lse = ref_from_desc<flashcute::MutableTensorRef>("lse", lse, labels[4]);
   if (stream < 0) value_error("stream: expected a CUDA stream handle >= 0, got " + std::to_string(stream));
   if (device < 0) value_error("device: expected a CUDA device index >= 0, got " + std::to_string(device));
-  args.softmax_scale = softmax_scale;
-  args.causal = causal;
-  args.window_left = window_left;
-  args.window_right = window_right;
-  args.softcap = softcap;
+  args.set_options(softmax_scale, causal, window_left, window_right, softcap);
   flashcute::FwdPlan plan;
   if (flashcute::Status st = flashcute::plan_fwd(args, plan); !st.ok()) raise_status(st);
   if (!plan.empty) launch_on_device(plan, device, stream, check_stream_device);
@@ -438,11 +430,7 @@ void check_fwd(std::vector<int64_t> q_shape, std::vector<int64_t> k_shape, std::
   args.v.dtype_label = v_dtype.c_str();
   static_cast<flashcute::TensorRef&>(args.out) = contiguous(fake, q_shape, q_dtype);  // made like q
   args.out.dtype_label = q_dtype.c_str();
-  args.softmax_scale = softmax_scale;
-  args.causal = causal;
-  args.window_left = window_left;
-  args.window_right = window_right;
-  args.softcap = softcap;
+  args.set_options(softmax_scale, causal, window_left, window_right, softcap);
   flashcute::FwdPlan plan;
   if (flashcute::Status st = flashcute::plan_fwd(args, plan); !st.ok()) raise_status(st);
 }

@@ -61,11 +61,7 @@ ffi::Error fwd_impl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi
   args.v = describe<flashcute::TensorRef>(v);
   args.out = describe<flashcute::MutableTensorRef>(*out);
   args.lse = describe<flashcute::MutableTensorRef>(*lse);
-  args.softmax_scale = softmax_scale;
-  args.causal = causal;
-  args.window_left = window_left;
-  args.window_right = window_right;
-  args.softcap = softcap;
+  args.set_options(softmax_scale, causal, window_left, window_right, softcap);
   flashcute::FwdPlan plan;
   flashcute::Status st = flashcute::plan_fwd(args, plan);
   if (st.ok()) st = flashcute::launch(plan, stream);

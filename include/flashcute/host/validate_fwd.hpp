@@ -42,6 +42,15 @@ struct FwdArgs {
   int64_t window_left = -1;             // -1: unbounded
   int64_t window_right = -1;            // -1: unbounded; causal makes it 0
   double softcap = 0.0;                 // > 0: scores = softcap * tanh(scores / softcap)
+
+  // The options at once, in the order every binding receives them.
+  void set_options(double scale, bool is_causal, int64_t left, int64_t right, double cap) {
+    softmax_scale = scale;
+    causal = is_causal;
+    window_left = left;
+    window_right = right;
+    softcap = cap;
+  }
 };
 
 // What plan_fwd() makes of a valid call.
