@@ -44,12 +44,6 @@ constexpr bool kernel_list_is_consistent() {
 static_assert(kernel_list_is_consistent(),
               "flashcute/build_config.hpp names a head dim with no valid sm80 tile config (sm80/config.hpp)");
 
-constexpr bool is_compiled(const KernelKey& key) {
-  for (const KernelKey& k : kCompiledKernels)
-    if (k == key) return true;
-  return false;
-}
-
 // Whether any kernel of this direction and dtype is compiled.
 constexpr bool dtype_compiled(DType dtype, Direction direction = Direction::kFwd) {
   for (const KernelKey& k : kCompiledKernels)
