@@ -6,7 +6,8 @@
 At a small shape (batch 1, seqlen 128, 8 heads, head dim 64, bf16) the GPU work is a few
 microseconds, so a loop of calls with one synchronisation at its end measures what a call costs
 the host: argument handling, allocation, validation, the launch. Each figure is the best of
---repeats loops of --calls calls (after a warm-up), in microseconds per call. Rows whose library is
+--repeats loops of --calls calls (after a warm-up), in microseconds per call; the loops of all rows
+of a framework run in rounds, one loop of each row per round, so that peers are measured alike. Rows whose library is
 missing are skipped. docs/benchmarks.md ("Host overhead") records a run.
 """
 
@@ -23,17 +24,25 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 B, S, H, D = 1, 128, 8, 64
 
 
-def per_call_us(call: Callable[[], Any], sync: Callable[[Any], None], calls: int, repeats: int) -> float:
-    for _ in range(max(50, calls // 10)):
+def per_call_us(call: Callable[[], Any], sync: Callable[[Any], None], calls: int) -> float:
+    """One loop of `calls` calls and a synchronisation, in microseconds per call."""
+    t0 = time.perf_counter()
+    for _ in range(calls):
         last = call()
     sync(last)
-    best = float("inf")
+    return (time.perf_counter() - t0) / calls * 1e6
+
+
+def best_of_rounds(rows: List[Tuple[str, Callable[[], Any], Callable[[Any], None]]], calls: int,
+                   repeats: int) -> Dict[str, float]:
+    """Each row's best loop over `repeats` rounds; a round runs one loop of every row, so a drift of
+    the machine's speed during the run touches every row alike."""
+    for _, call, sync in rows:  # warm-up: compilation, caches, allocator
+        per_call_us(call, sync, max(50, calls // 10))
+    best = {name: float("inf") for name, _, _ in rows}
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            last = call()
-        sync(last)
-        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
+        for name, call, sync in rows:
+            best[name] = min(best[name], per_call_us(call, sync, calls))
     return best
 
 
@@ -66,12 +75,12 @@ def torch_rows() -> List[Tuple[str, Callable[[], Any], Callable[[Any], None]]]:
         ("torch eager: SDPA", lambda: sdpa(qt, kt, vt), sync),
         ("torch eager: flashcute.flash_attn_func", lambda: fc(q, k, v), sync),
         ("torch eager: torch.ops.flashcute.fwd (the op)",
-         lambda: torch.ops.flashcute.fwd(q, k, v, scale, True, -1, -1, 0.0, False), sync),
+         lambda: torch.ops.flashcute.fwd.default(q, k, v, scale, True, -1, -1, 0.0), sync),
         ("torch.compile: SDPA", lambda: sdpa_c(qt, kt, vt), sync),
         ("torch.compile: flashcute.flash_attn_func", lambda: fc_c(q, k, v), sync),
         ("  part: _C.fwd_raw, descriptors made (validate + launch)",
          lambda: _C.fwd_raw(*descs, None, scale, True, -1, -1, 0.0, 0, stream, False), sync),
-        ("  part: torch.empty like q", lambda: torch.empty(q.shape, dtype=q.dtype, device=0), sync),
+        ("  part: q.new_empty(q.shape)", lambda: q.new_empty(q.shape), sync),
         ("  part: 4 descriptors", lambda: [_torch._desc(t) for t in (q, k, v, out)], sync),
         ("  part: torch.cuda.current_stream().cuda_stream", lambda: torch.cuda.current_stream(0).cuda_stream, sync),
         ("  part: torch._C._cuda_getCurrentRawStream", lambda: torch._C._cuda_getCurrentRawStream(0), sync),
@@ -111,8 +120,9 @@ def main() -> int:
         except ImportError as exc:
             print(f"skipped {make.__name__}: {exc}")
             continue
-        for name, call, sync in rows:
-            results[name] = per_call_us(call, sync, args.calls, args.repeats)
+        best = best_of_rounds(rows, args.calls, args.repeats)
+        for name, _, _ in rows:
+            results[name] = best[name]
             print(f"{name:52s} {results[name]:7.1f} us/call", flush=True)
     if args.json:
         with open(args.json, "w") as f:

@@ -26,7 +26,7 @@ except ImportError as e:  # pragma: no cover - only for broken installs / source
 
 from .flash_attn_interface import flash_attn_func
 
-if __import__("sys").modules.get("torch") is not None:  # torch is there: register torch.ops.flashcute.fwd now
+if __import__("sys").modules.get("torch") is not None:  # torch is there: register torch.ops.flashcute.* now
     from . import _torch  # noqa: F401  (otherwise the first call with a torch tensor registers it)
 
 __version__: str = _C.__version__  # not in the generated _C.pyi: nanobind's stubgen leaves dunders out

@@ -1,17 +1,19 @@
-"""flashcute's PyTorch binding: the custom op ``flashcute::fwd``, and the eager fast path.
+"""flashcute's PyTorch binding: the custom ops ``flashcute::fwd`` and ``flashcute::fwd_lse``, and
+the eager fast path.
 
-The op is registered from Python with ``torch.library.custom_op``; flashcute links no part of
-PyTorch. It has a fake implementation (output and lse shapes, dtypes and strides, no data), so
+The ops are defined from Python with ``torch.library.Library``; flashcute links no part of PyTorch.
+``fwd`` returns the output, ``fwd_lse`` the output and the lse, so a call that does not ask for the
+lse allocates none. Both have fake implementations (shapes, dtypes and strides, no data), so
 ``torch.compile`` (``fullgraph=True``, ``dynamic=True``, ``mode="reduce-overhead"``),
-``torch.export`` and CUDA-graph capture all see one opaque op. Its CUDA implementation allocates the
-outputs with torch on the current stream and launches there, through ``flashcute._C.fwd_raw``.
+``torch.export`` and CUDA-graph capture all see one opaque op. The CUDA kernels allocate the
+outputs with torch on the current stream and launch there, through ``flashcute._C.fwd_raw``.
 
-``flash_attn_func`` on torch tensors goes through the op whenever something may be tracing it:
+``flash_attn_func`` on torch tensors goes through the ops whenever something may be tracing it:
 under ``torch.compile``/``torch.export``, with a dispatch mode active (FakeTensorMode, FlopCounter,
 ...) and for tensor subclasses. Plain eager calls take a fast path to the same ``fwd_raw`` that
-skips the op dispatcher (about 10 us a call: shared/notes/host-overhead.md); the kernel, the
-validation and the stream are the same either way. The backward pass will register its gradient
-on this op (``register_autograd``); until then, inputs that require grad are refused.
+skips the op dispatcher; the kernel, the validation and the stream are the same either way. The
+backward pass will register its gradient on ``fwd_lse`` (``register_autograd``); until then, inputs
+that require grad are refused.
 
 Imported by flashcute only when a torch tensor is passed, so ``import flashcute`` never imports torch.
 """
@@ -66,39 +68,74 @@ def _current_stream(index: int) -> int:
     return torch._C._cuda_getCurrentRawStream(index)
 
 
-# ---------------------------------------------------------------------------------------- the op
+# ---------------------------------------------------------------------------------------- the ops
+
+# Two ops, so that a call without the lse allocates none: flashcute::fwd returns out, and
+# flashcute::fwd_lse returns (out, lse). They are defined with the low-level torch.library.Library
+# and a CUDA kernel, not with torch.library.custom_op: custom_op wraps every call in Python
+# autograd and device dispatch layers, which cost 30 us a call under torch.compile on an H100
+# (docs/perf-notes.md, v18). The fake implementations make them traceable.
+_SCHEMA_ARGS = ("Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal, SymInt window_left, "
+                "SymInt window_right, float softcap")
+_lib = torch.library.Library("flashcute", "DEF")
+_lib.define(f"fwd({_SCHEMA_ARGS}) -> Tensor")
+_lib.define(f"fwd_lse({_SCHEMA_ARGS}) -> (Tensor, Tensor)")
 
 
-@torch.library.custom_op("flashcute::fwd", mutates_args=(), device_types="cuda")
-def fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, window_left: int, window_right: int,
-        softcap: float, return_lse: bool) -> Tuple[Tensor, Tensor]:
-    """out = attention(q, k, v); lse = its logsumexp (batch, nheads, seqlen_q), or an empty tensor
-    when return_lse is False. q (batch, seqlen_q, nheads, headdim); k, v (batch, seqlen_k, nheads_k,
-    headdim); window bounds -1 for unbounded. Runs on the current stream of q's device."""
+def _fwd_cuda(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, window_left: int,
+              window_right: int, softcap: float) -> Tensor:
+    """flashcute::fwd: out = attention(q, k, v), on the current stream of q's device. q (batch,
+    seqlen_q, nheads, headdim); k, v (batch, seqlen_k, nheads_k, headdim); window bounds -1 for
+    unbounded."""
     index = _cuda_index(q, k, v)
-    out = torch.empty(q.shape, dtype=q.dtype, device=index)
-    lse = torch.empty(_lse_shape(q) if return_lse else (0,), dtype=torch.float32, device=index)
-    args = (softmax_scale, causal, window_left, window_right, softcap)
-    _launch(q, k, v, out, lse if return_lse else None, args, index, _current_stream(index), False)
+    out = q.new_empty(q.shape)
+    _launch(q, k, v, out, None, (softmax_scale, causal, window_left, window_right, softcap), index,
+            _current_stream(index), False)
+    return out
+
+
+def _fwd_lse_cuda(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, window_left: int,
+                  window_right: int, softcap: float) -> Tuple[Tensor, Tensor]:
+    """flashcute::fwd_lse: (out, lse), lse the logsumexp of each row, (batch, nheads, seqlen_q) float32."""
+    index = _cuda_index(q, k, v)
+    out = q.new_empty(q.shape)
+    lse = q.new_empty(_lse_shape(q), dtype=torch.float32)
+    _launch(q, k, v, out, lse, (softmax_scale, causal, window_left, window_right, softcap), index,
+            _current_stream(index), False)
     return out, lse
 
 
-@fwd.register_fake
-def _fwd_fake(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, window_left: int,
-              window_right: int, softcap: float, return_lse: bool) -> Tuple[Tensor, Tensor]:
+_lib.impl("fwd", _fwd_cuda, "CUDA")
+_lib.impl("fwd_lse", _fwd_lse_cuda, "CUDA")
+
+
+def _check_traced(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, window_left: int,
+                  window_right: int, softcap: float) -> None:
     # The validation at trace time, where the shapes are known (under dynamic shapes the launch
     # validates them; the dtypes and the head dim are checked either way).
     shapes = [tuple(t.shape) for t in (q, k, v)]
-    concrete = all(isinstance(d, int) for s in shapes for d in s)
-    if concrete:
+    if all(isinstance(d, int) for s in shapes for d in s):
         _C.check_fwd(*shapes, *(_dtype_name(t) for t in (q, k, v)), softmax_scale, causal, window_left,
                      window_right, softcap)
-    out = q.new_empty(q.shape)
-    lse = q.new_empty(_lse_shape(q) if return_lse else (0,), dtype=torch.float32)
-    return out, lse
 
 
-_fwd_op = torch.ops.flashcute.fwd.default  # resolved once: torch.ops attribute lookups cost per call
+@torch.library.register_fake("flashcute::fwd", lib=_lib)
+def _fwd_fake(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, window_left: int,
+              window_right: int, softcap: float) -> Tensor:
+    _check_traced(q, k, v, softmax_scale, causal, window_left, window_right, softcap)
+    return q.new_empty(q.shape)
+
+
+@torch.library.register_fake("flashcute::fwd_lse", lib=_lib)
+def _fwd_lse_fake(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, window_left: int,
+                  window_right: int, softcap: float) -> Tuple[Tensor, Tensor]:
+    _check_traced(q, k, v, softmax_scale, causal, window_left, window_right, softcap)
+    return q.new_empty(q.shape), q.new_empty(_lse_shape(q), dtype=torch.float32)
+
+
+# Resolved once: torch.ops attribute lookups cost per call.
+_fwd_op = torch.ops.flashcute.fwd.default
+_fwd_lse_op = torch.ops.flashcute.fwd_lse.default
 
 
 # ---------------------------------------------------------------------------------------- the entry
@@ -125,16 +162,17 @@ def flash_attn(q: Tensor, k: Tensor, v: Tensor, out: Optional[Tensor], return_ls
                 "out=, stream=: not supported under torch.compile, torch.export or other tracing (the traced "
                 "op allocates its output and runs on the current stream); call without them there"
             )
-        o, lse = _fwd_op(q, k, v, *args, return_lse)
-        return o, (lse if return_lse else None)
+        if return_lse:
+            return _fwd_lse_op(q, k, v, *args)
+        return _fwd_op(q, k, v, *args), None
 
     # Eager: the same launch as the op's, without the dispatcher.
     index = _cuda_index(q, k, v, out)
     current = _current_stream(index)
     if stream is None or stream == current:
         if out is None:
-            out = torch.empty(q.shape, dtype=q.dtype, device=index)
-        lse = torch.empty(_lse_shape(q), dtype=torch.float32, device=index) if return_lse else None
+            out = q.new_empty(q.shape)
+        lse = q.new_empty(_lse_shape(q), dtype=torch.float32) if return_lse else None
         _launch(q, k, v, out, lse, args, index, current, False)
         return out, lse
     # stream= names another stream: it waits for the current one (an event, no host block).
@@ -146,7 +184,7 @@ def flash_attn(q: Tensor, k: Tensor, v: Tensor, out: Optional[Tensor], return_ls
     # work before the launch stream is done with them.
     with torch.cuda.stream(launch):
         if out is None:
-            out = torch.empty(q.shape, dtype=q.dtype, device=index)
-        lse = torch.empty(_lse_shape(q), dtype=torch.float32, device=index) if return_lse else None
+            out = q.new_empty(q.shape)
+        lse = q.new_empty(_lse_shape(q), dtype=torch.float32) if return_lse else None
     _launch(q, k, v, out, lse, args, index, stream, True)
     return out, lse

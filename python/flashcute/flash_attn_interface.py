@@ -4,7 +4,7 @@ The heavy lifting (validation of shapes, strides, dtypes and devices, and the la
 compiled module :mod:`flashcute._C`. This module adds what is framework specific: recognising
 torch / CuPy / JAX arrays without importing a framework the caller did not use, picking the
 stream, and allocating the outputs through the caller's framework (so caching allocators and
-stream order hold). torch goes through the custom op ``flashcute::fwd`` (:mod:`flashcute._torch`),
+stream order hold). torch goes through the custom ops ``flashcute::fwd``/``fwd_lse`` (:mod:`flashcute._torch`),
 JAX through an XLA FFI custom call (:mod:`flashcute._jax`), CuPy and other DLPack producers
 through DLPack.
 """
@@ -354,10 +354,10 @@ def flash_attn_func(
     the caller's to order, as for any work on a side stream. flashcute never synchronises the
     device, and for torch and CuPy never blocks the host.
 
-    torch: the call is the custom op ``torch.ops.flashcute.fwd``, so it works under
-    ``torch.compile`` (also ``fullgraph=True``, ``dynamic=True``, ``mode="reduce-overhead"``),
-    ``torch.export`` and CUDA-graph capture; plain eager calls skip the op dispatcher for speed and
-    run the same kernel on the same stream.
+    torch: the call is the custom op ``torch.ops.flashcute.fwd`` (``fwd_lse`` with the lse), so it
+    works under ``torch.compile`` (also ``fullgraph=True``, ``dynamic=True``,
+    ``mode="reduce-overhead"``), ``torch.export`` and CUDA-graph capture; plain eager calls skip the
+    op dispatcher for speed and run the same kernel on the same stream.
 
     JAX: the call is an XLA FFI custom call, so it works eagerly (without blocking the host) and
     under ``jax.jit``, ``lax.scan`` and ``jax.vmap`` (a vmapped axis is folded into the batch);

@@ -114,11 +114,11 @@ def test_export(torch):
 
 
 def test_opcheck(torch):
-    """torch.library's own checks of the op: schema, fake implementation against the real one,
+    """torch.library's own checks of the ops: schema, fake implementation against the real one,
     and that nothing mutates its inputs."""
     q, k, v = _inputs(torch, b=1, sq=65, sk=130, seed=40)
-    for return_lse in (False, True):
-        torch.library.opcheck(torch.ops.flashcute.fwd.default, (q, k, v, 0.125, True, -1, -1, 0.0, return_lse),
+    for op in (torch.ops.flashcute.fwd.default, torch.ops.flashcute.fwd_lse.default):
+        torch.library.opcheck(op, (q, k, v, 0.125, True, -1, -1, 0.0),
                               test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
 
 

@@ -24,36 +24,46 @@ def attn(q, k, v, **kw):
     return flashcute.flash_attn_func(q, k, v, **kw)
 
 
-def test_op_is_registered_with_its_schema():
-    schema = str(torch.ops.flashcute.fwd.default._schema)
-    assert schema.startswith("flashcute::fwd(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal, "
-                             "SymInt window_left, SymInt window_right, float softcap, bool return_lse)"), schema
-    assert schema.endswith("-> (Tensor, Tensor)"), schema
+ARGS = ("(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal, SymInt window_left, "
+        "SymInt window_right, float softcap)")
 
 
-@pytest.mark.parametrize("return_lse", [False, True])
-def test_fake_implementation(return_lse):
+def test_ops_are_registered_with_their_schemas():
+    assert str(torch.ops.flashcute.fwd.default._schema) == f"flashcute::fwd{ARGS} -> Tensor"
+    assert str(torch.ops.flashcute.fwd_lse.default._schema) == f"flashcute::fwd_lse{ARGS} -> (Tensor, Tensor)"
+
+
+def test_fake_implementations():
     q, k = meta(2, 128, 8, 64), meta(2, 100, 4, 64)
-    out, lse = torch.ops.flashcute.fwd(q, k, k, 0.125, True, -1, -1, 0.0, return_lse)
+    out = torch.ops.flashcute.fwd(q, k, k, 0.125, True, -1, -1, 0.0)
     assert out.shape == q.shape and out.dtype == q.dtype and out.is_contiguous()
-    assert lse.dtype == torch.float32
-    assert lse.shape == ((2, 8, 128) if return_lse else (0,))
+    out, lse = torch.ops.flashcute.fwd_lse(q, k, k, 0.125, True, -1, -1, 0.0)
+    assert out.shape == q.shape and out.dtype == q.dtype and out.is_contiguous()
+    assert lse.dtype == torch.float32 and lse.shape == (2, 8, 128) and lse.is_contiguous()
+
+
+def test_traced_call_without_lse_uses_the_op_without_lse():
+    q, k = meta(2, 128, 8, 64), meta(2, 100, 4, 64)
+    for return_lse, op in ((False, "flashcute.fwd.default"), (True, "flashcute.fwd_lse.default")):
+        explained = torch._dynamo.explain(lambda q, k, v: attn(q, k, v, return_lse=return_lse))(q, k, k)
+        code = explained.graphs[0].code
+        assert op in code and code.count("flashcute.") == 1, code
 
 
 def test_fake_implementation_validates():
     with pytest.raises(ValueError, match="k: batch 3 does not match q's batch 2"):
         torch.ops.flashcute.fwd(meta(2, 128, 8, 64), meta(3, 100, 4, 64), meta(3, 100, 4, 64), 0.125, False, -1, -1,
-                                0.0, False)
+                                0.0)
     with pytest.raises(TypeError, match="v: expected float16 like q, got float32"):
-        torch.ops.flashcute.fwd(meta(2, 128, 8, 64), meta(2, 100, 4, 64), meta(2, 100, 4, 64, dtype=torch.float32),
-                                0.125, False, -1, -1, 0.0, False)
+        torch.ops.flashcute.fwd_lse(meta(2, 128, 8, 64), meta(2, 100, 4, 64),
+                                    meta(2, 100, 4, 64, dtype=torch.float32), 0.125, False, -1, -1, 0.0)
 
 
 def test_compile_fullgraph_has_no_graph_break():
     q, k = meta(2, 128, 8, 64), meta(2, 100, 4, 64)
     explained = torch._dynamo.explain(lambda q, k, v: attn(q, k, v, causal=True, return_lse=True))(q, k, k)
     assert explained.graph_break_count == 0 and explained.graph_count == 1
-    assert "flashcute.fwd" in explained.graphs[0].code
+    assert "flashcute.fwd_lse" in explained.graphs[0].code
     out, lse = torch.compile(lambda q, k, v: attn(q, k, v, causal=True, return_lse=True), fullgraph=True,
                              backend="eager")(q, k, k)
     assert out.shape == q.shape and lse.shape == (2, 8, 128)
