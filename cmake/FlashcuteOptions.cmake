@@ -17,6 +17,7 @@ if(SKBUILD)
 else()
   set(_flashcute_python_default OFF)
 endif()
+option(FLASHCUTE_BACKWARD "Build the backward kernels (dq, dk, dv) beside the forward ones" ON)
 option(FLASHCUTE_BUILD_PYTHON "Build the Python extension flashcute._C" ${_flashcute_python_default})
 option(FLASHCUTE_BUILD_TESTS "Build the C++ tests and register them with ctest" OFF)
 option(FLASHCUTE_BUILD_TUNING "Build benchmarks/tune_fwd (tile-config sweeps; on with the tests, so CI compiles it)"

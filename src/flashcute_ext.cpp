@@ -268,7 +268,8 @@ bool is_special_stream(int64_t s) {
 
 // Launches a plan without the GIL, with `device` current. check_stream_device: ask the runtime
 // which device a user-given stream belongs to (a framework's own current stream needs no check).
-void launch_on_device(const flashcute::FwdPlan& plan, int device, int64_t stream, bool check_stream_device) {
+template <class Plan>
+void launch_on_device(const Plan& plan, int device, int64_t stream, bool check_stream_device) {
   auto cuda_stream = reinterpret_cast<cudaStream_t>(static_cast<std::intptr_t>(stream));
   flashcute::Status status;
   cudaError_t guard_err = cudaSuccess, stream_err = cudaSuccess;
@@ -401,6 +402,85 @@ void fwd_raw(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handl
   if (!plan.empty) launch_on_device(plan, device, stream, check_stream_device);
 }
 
+// ---------------------------------------------------------------------------
+// bwd, bwd_raw: the backward pass (DLPack arrays / plain descriptors)
+// ---------------------------------------------------------------------------
+
+void bwd(nb::handle dout_obj, nb::handle q_obj, nb::handle k_obj, nb::handle v_obj, nb::handle out_obj,
+         nb::handle lse_obj, nb::handle dq_obj, nb::handle dk_obj, nb::handle dv_obj, nb::handle workspace_obj,
+         double softmax_scale, bool causal, int64_t window_left, int64_t window_right, double softcap,
+         bool deterministic, int64_t stream) {
+  const Input dout = import_input("dout", dout_obj);
+  const Input q = import_input("q", q_obj);
+  const Input k = import_input("k", k_obj);
+  const Input v = import_input("v", v_obj);
+  const Input out = import_input("out", out_obj);
+  const Input lse = import_input("lse", lse_obj);
+  const Output dq = import_output("dq", dq_obj);
+  const Output dk = import_output("dk", dk_obj);
+  const Output dv = import_output("dv", dv_obj);
+  const Output workspace = import_output("workspace", workspace_obj);
+  if (stream < 0) value_error("stream: expected a CUDA stream handle >= 0, got " + std::to_string(stream));
+
+  flashcute::BwdArgs args;
+  args.dout = dout.ref;
+  args.q = q.ref;
+  args.k = k.ref;
+  args.v = v.ref;
+  args.out = out.ref;
+  args.lse = lse.ref;
+  args.dq = dq.ref;
+  args.dk = dk.ref;
+  args.dv = dv.ref;
+  args.workspace = workspace.ref;
+  args.set_options(softmax_scale, causal, window_left, window_right, softcap);
+  args.deterministic = deterministic;
+  flashcute::BwdPlan plan;
+  if (flashcute::Status st = flashcute::plan_bwd(args, plan); !st.ok()) raise_status(st);
+
+  check_device("dout", dout.array, q.array);
+  check_device("q", q.array, q.array);
+  check_device("k", k.array, q.array);
+  check_device("v", v.array, q.array);
+  check_device("out", out.array, q.array);
+  check_device("lse", lse.array, q.array);
+  check_device("dq", dq.array, q.array);
+  check_device("dk", dk.array, q.array);
+  check_device("dv", dv.array, q.array);
+  check_device("workspace", workspace.array, q.array);
+  if (plan.empty) return;
+  launch_on_device(plan, q.array.device_id(), stream, /*check_stream_device=*/true);
+}
+
+void bwd_raw(nb::handle dout, nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse, nb::handle dq,
+             nb::handle dk, nb::handle dv, nb::handle workspace, double softmax_scale, bool causal,
+             int64_t window_left, int64_t window_right, double softcap, bool deterministic, int device,
+             int64_t stream, bool check_stream_device) {
+  std::string labels[10];
+  flashcute::BwdArgs args;
+  args.dout = ref_from_desc<flashcute::TensorRef>("dout", dout, labels[0]);
+  args.q = ref_from_desc<flashcute::TensorRef>("q", q, labels[1]);
+  args.k = ref_from_desc<flashcute::TensorRef>("k", k, labels[2]);
+  args.v = ref_from_desc<flashcute::TensorRef>("v", v, labels[3]);
+  args.out = ref_from_desc<flashcute::TensorRef>("out", out, labels[4]);
+  args.lse = ref_from_desc<flashcute::TensorRef>("lse", lse, labels[5]);
+  args.dq = ref_from_desc<flashcute::MutableTensorRef>("dq", dq, labels[6]);
+  args.dk = ref_from_desc<flashcute::MutableTensorRef>("dk", dk, labels[7]);
+  args.dv = ref_from_desc<flashcute::MutableTensorRef>("dv", dv, labels[8]);
+  args.workspace = ref_from_desc<flashcute::MutableTensorRef>("workspace", workspace, labels[9]);
+  if (stream < 0) value_error("stream: expected a CUDA stream handle >= 0, got " + std::to_string(stream));
+  if (device < 0) value_error("device: expected a CUDA device index >= 0, got " + std::to_string(device));
+  args.set_options(softmax_scale, causal, window_left, window_right, softcap);
+  args.deterministic = deterministic;
+  flashcute::BwdPlan plan;
+  if (flashcute::Status st = flashcute::plan_bwd(args, plan); !st.ok()) raise_status(st);
+  if (!plan.empty) launch_on_device(plan, device, stream, check_stream_device);
+}
+
+int64_t bwd_workspace_floats(int64_t batch, int64_t nheads, int64_t seqlen_q) {
+  return flashcute::bwd_workspace_floats(batch, nheads, seqlen_q);
+}
+
 // The validation alone, for contiguous arrays of the given shapes and dtype names, as a tracer
 // (torch.compile's fake tensors, jax.jit) sees them: raises what fwd would, launches nothing.
 void check_fwd(std::vector<int64_t> q_shape, std::vector<int64_t> k_shape, std::vector<int64_t> v_shape,
@@ -516,6 +596,7 @@ NB_MODULE(_C, m) {
     opts["FLASHCUTE_CUDA_ARCHS"] = flashcute::kBuildCudaArchs;
     opts["FLASHCUTE_HEAD_DIMS"] = flashcute::kBuildHeadDims;
     opts["FLASHCUTE_DTYPES"] = flashcute::kBuildDtypes;
+    opts["FLASHCUTE_BACKWARD"] = flashcute::kBuildBackward;
     m.attr("BUILD_OPTIONS") = opts;
   }
   {
@@ -543,6 +624,18 @@ NB_MODULE(_C, m) {
         "softmax_scale"_a, "causal"_a, "window_left"_a, "window_right"_a, "softcap"_a,
         "The validation of fwd() for contiguous arrays of these shapes and dtype names, as tracers see them\n"
         "(torch.compile, jax.jit): raises what fwd() would raise for them; launches nothing.");
+  m.def("bwd", &bwd, "dout"_a.none(), "q"_a.none(), "k"_a.none(), "v"_a.none(), "out"_a.none(), "lse"_a.none(),
+        "dq"_a.none(), "dk"_a.none(), "dv"_a.none(), "workspace"_a.none(), "softmax_scale"_a, "causal"_a,
+        "window_left"_a, "window_right"_a, "softcap"_a, "deterministic"_a, "stream"_a,
+        "Runs the attention backward pass, writing dq, dk and dv on `stream`.\n\n"
+        "dout, dq: like q; dk, dv: like k; out, lse: the forward's; workspace: float32 with at least\n"
+        "bwd_workspace_floats(batch, nheads, seqlen_q) elements. The same rules and errors as fwd().");
+  m.def("bwd_raw", &bwd_raw, "dout"_a, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "dq"_a, "dk"_a, "dv"_a, "workspace"_a,
+        "softmax_scale"_a, "causal"_a, "window_left"_a, "window_right"_a, "softcap"_a, "deterministic"_a, "device"_a,
+        "stream"_a, "check_stream_device"_a,
+        "bwd() for arrays described as (data_ptr, shape, strides, dtype name) tuples (see fwd_raw).");
+  m.def("bwd_workspace_floats", &bwd_workspace_floats, "batch"_a, "nheads"_a, "seqlen_q"_a,
+        "float32 elements of workspace a backward call of these shapes needs.");
   m.def("xla_ffi_targets", &xla_ffi_targets,
         "The XLA FFI handlers compiled into this build, {name: PyCapsule}, for jax.ffi.register_ffi_target\n"
         "(platform 'CUDA'); empty when the build found no XLA FFI headers (build option FLASHCUTE_XLA_FFI).");

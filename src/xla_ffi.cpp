@@ -52,6 +52,14 @@ Ref describe(const ffi::AnyBuffer& buffer) {
   return r;
 }
 
+ffi::Error to_ffi_error(const flashcute::Status& st) {
+  if (st.ok()) return ffi::Error::Success();
+  const ffi::ErrorCode code = st.code == flashcute::StatusCode::kCudaError     ? ffi::ErrorCode::kInternal
+                              : st.code == flashcute::StatusCode::kNotCompiled ? ffi::ErrorCode::kUnimplemented
+                                                                               : ffi::ErrorCode::kInvalidArgument;
+  return ffi::Error(code, "flashcute: " + st.message);
+}
+
 ffi::Error fwd_impl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                     ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse, float softmax_scale, bool causal,
                     int64_t window_left, int64_t window_right, float softcap) {
@@ -65,14 +73,53 @@ ffi::Error fwd_impl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi
   flashcute::FwdPlan plan;
   flashcute::Status st = flashcute::plan_fwd(args, plan);
   if (st.ok()) st = flashcute::launch(plan, stream);
-  if (st.ok()) return ffi::Error::Success();
-  const ffi::ErrorCode code = st.code == flashcute::StatusCode::kCudaError     ? ffi::ErrorCode::kInternal
-                              : st.code == flashcute::StatusCode::kNotCompiled ? ffi::ErrorCode::kUnimplemented
-                                                                               : ffi::ErrorCode::kInvalidArgument;
-  return ffi::Error(code, "flashcute: " + st.message);
+  return to_ffi_error(st);
+}
+
+ffi::Error bwd_impl(cudaStream_t stream, ffi::AnyBuffer dout, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                    ffi::AnyBuffer out, ffi::AnyBuffer lse, ffi::Result<ffi::AnyBuffer> dq,
+                    ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
+                    ffi::Result<ffi::AnyBuffer> workspace, float softmax_scale, bool causal, int64_t window_left,
+                    int64_t window_right, float softcap) {
+  flashcute::BwdArgs args;
+  args.dout = describe<flashcute::TensorRef>(dout);
+  args.q = describe<flashcute::TensorRef>(q);
+  args.k = describe<flashcute::TensorRef>(k);
+  args.v = describe<flashcute::TensorRef>(v);
+  args.out = describe<flashcute::TensorRef>(out);
+  args.lse = describe<flashcute::TensorRef>(lse);
+  args.dq = describe<flashcute::MutableTensorRef>(*dq);
+  args.dk = describe<flashcute::MutableTensorRef>(*dk);
+  args.dv = describe<flashcute::MutableTensorRef>(*dv);
+  args.workspace = describe<flashcute::MutableTensorRef>(*workspace);
+  args.set_options(softmax_scale, causal, window_left, window_right, softcap);
+  flashcute::BwdPlan plan;
+  flashcute::Status st = flashcute::plan_bwd(args, plan);
+  if (st.ok()) st = flashcute::launch(plan, stream);
+  return to_ffi_error(st);
 }
 
 }  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(flashcute_xla_bwd, bwd_impl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()  // dout
+                                  .Arg<ffi::AnyBuffer>()  // q
+                                  .Arg<ffi::AnyBuffer>()  // k
+                                  .Arg<ffi::AnyBuffer>()  // v
+                                  .Arg<ffi::AnyBuffer>()  // out
+                                  .Arg<ffi::AnyBuffer>()  // lse
+                                  .Ret<ffi::AnyBuffer>()  // dq
+                                  .Ret<ffi::AnyBuffer>()  // dk
+                                  .Ret<ffi::AnyBuffer>()  // dv
+                                  .Ret<ffi::AnyBuffer>()  // workspace (float32, D = rowsum(dout * out))
+                                  .Attr<float>("softmax_scale")
+                                  .Attr<bool>("causal")
+                                  .Attr<int64_t>("window_left")
+                                  .Attr<int64_t>("window_right")
+                                  .Attr<float>("softcap"),
+                              {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(flashcute_xla_fwd, fwd_impl,
                               ffi::Ffi::Bind()
@@ -90,5 +137,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(flashcute_xla_fwd, fwd_impl,
                               {ffi::Traits::kCmdBufferCompatible});
 
 std::vector<std::pair<const char*, void*>> flashcute_xla_ffi_handlers() {
-  return {{"flashcute_fwd", reinterpret_cast<void*>(flashcute_xla_fwd)}};
+  return {{"flashcute_fwd", reinterpret_cast<void*>(flashcute_xla_fwd)},
+          {"flashcute_bwd", reinterpret_cast<void*>(flashcute_xla_bwd)}};
 }

@@ -11,4 +11,5 @@
 #pragma once
 
 #include "flashcute/host/api.hpp"
+#include "flashcute/sm80/launch_bwd.hpp"
 #include "flashcute/sm80/launch_fwd.hpp"

@@ -28,6 +28,7 @@ import numpy as np
 from . import _C
 
 _TARGET = "flashcute_fwd"
+_BWD_TARGET = "flashcute_bwd"
 _registered = False
 
 
@@ -52,6 +53,8 @@ def _register() -> None:
             "(build option FLASHCUTE_XLA_FFI; install jax before building flashcute, or set it to ON)"
         )
     jax.ffi.register_ffi_target(_TARGET, targets[_TARGET], platform="CUDA")
+    if _BWD_TARGET in targets:
+        jax.ffi.register_ffi_target(_BWD_TARGET, targets[_BWD_TARGET], platform="CUDA")
     _registered = True
 
 
@@ -94,21 +97,51 @@ def _folded(opts: Options):
     return f
 
 
+def _ffi_bwd(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, opts: Options) -> Tuple[Any, Any, Any]:
+    b, sq, h, _ = q.shape
+    call = jax.ffi.ffi_call(
+        _BWD_TARGET,
+        (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(k.shape, k.dtype),
+         jax.ShapeDtypeStruct(v.shape, v.dtype),
+         jax.ShapeDtypeStruct((_C.bwd_workspace_floats(b, h, sq),), jnp.float32)),
+    )
+    dq, dk, dv, _ = call(dout, q, k, v, out, lse, softmax_scale=np.float32(opts.softmax_scale),
+                         causal=bool(opts.causal), window_left=np.int64(opts.window_left),
+                         window_right=np.int64(opts.window_right), softcap=np.float32(opts.softcap))
+    return dq, dk, dv
+
+
+def _folded_bwd(opts: Options):
+    @jax.custom_batching.custom_vmap
+    def f(dout, q, k, v, out, lse):
+        return _ffi_bwd(dout, q, k, v, out, lse, opts)
+
+    @f.def_vmap
+    def rule(axis_size, in_batched, *args):
+        args = [x if batched else jnp.broadcast_to(x, (axis_size, *x.shape)) for x, batched in zip(args, in_batched)]
+        fold = lambda x: x.reshape(axis_size * x.shape[1], *x.shape[2:])  # noqa: E731
+        grads = f(*(fold(x) for x in args))
+        b = args[1].shape[1]
+        return tuple(g.reshape(axis_size, b, *g.shape[1:]) for g in grads), (True, True, True)
+
+    return f
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def _attention(q: Any, k: Any, v: Any, opts: Options) -> Tuple[Any, Any]:
     return _folded(opts)(q, k, v)
 
 
 def _attention_fwd(q, k, v, opts):
-    return _attention(q, k, v, opts), None
+    out, lse = _attention(q, k, v, opts)
+    return (out, lse), (q, k, v, out, lse)
 
 
 def _attention_bwd(opts, residuals, cotangents):
-    raise NotImplementedError(
-        "flashcute.flash_attn_func has no backward pass yet: jax.grad (and any other reverse-mode "
-        "differentiation) of it is not supported; stop the gradient (jax.lax.stop_gradient) around "
-        "its inputs or use it where no gradient flows"
-    )
+    # The lse is not differentiable (as in FlashAttention-2): its cotangent is ignored.
+    q, k, v, out, lse = residuals
+    dout, _ = cotangents
+    return _folded_bwd(opts)(dout.astype(q.dtype), q, k, v, out, lse)
 
 
 _attention.defvjp(_attention_fwd, _attention_bwd)

@@ -20,6 +20,7 @@ Imported by flashcute only when a torch tensor is passed, so ``import flashcute`
 
 from __future__ import annotations
 
+from contextlib import nullcontext as _nullcontext
 from typing import Any, Optional, Tuple
 
 import torch
@@ -133,9 +134,72 @@ def _fwd_lse_fake(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal:
     return q.new_empty(q.shape), q.new_empty(_lse_shape(q), dtype=torch.float32)
 
 
+# ---------------------------------------------------------------------------------------- backward
+
+_lib.define(
+    "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, float softmax_scale, bool causal, "
+    "SymInt window_left, SymInt window_right, float softcap, bool deterministic) -> (Tensor, Tensor, Tensor)"
+)
+
+
+def _bwd_launch(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dq: Tensor, dk: Tensor,
+                dv: Tensor, args: tuple, deterministic: bool, index: int, stream: int, check_stream_device: bool) -> None:
+    b, sq, h, _ = q.shape
+    workspace = q.new_empty((_C.bwd_workspace_floats(b, h, sq),), dtype=torch.float32)  # D = rowsum(dout * out)
+    _C.bwd_raw(_desc(dout), _desc(q), _desc(k), _desc(v), _desc(out), _desc(lse), _desc(dq), _desc(dk), _desc(dv),
+               _desc(workspace), *args, deterministic, index, stream, check_stream_device)
+
+
+def _bwd_cuda(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, softmax_scale: float,
+              causal: bool, window_left: int, window_right: int, softcap: float,
+              deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    """flashcute::bwd: (dq, dk, dv) from dout and the forward's q, k, v, out and lse."""
+    index = _cuda_index(q, k, v, out)
+    dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    _bwd_launch(dout, q, k, v, out, lse, dq, dk, dv, (softmax_scale, causal, window_left, window_right, softcap),
+                deterministic, index, _current_stream(index), False)
+    return dq, dk, dv
+
+
+_lib.impl("bwd", _bwd_cuda, "CUDA")
+
+
+@torch.library.register_fake("flashcute::bwd", lib=_lib)
+def _bwd_fake(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, softmax_scale: float,
+              causal: bool, window_left: int, window_right: int, softcap: float,
+              deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _grad_ready(t: Tensor) -> Tensor:
+    # Autograd may hand an expanded (stride 0) or otherwise strided gradient; the kernels want
+    # the last dim contiguous and 16-byte rows.
+    return t if t.is_contiguous() else t.contiguous()
+
+
+def _fwd_lse_setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
+    q, k, v, softmax_scale, causal, window_left, window_right, softcap = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.options = (softmax_scale, causal, window_left, window_right, softcap)
+    ctx.mark_non_differentiable(lse)
+
+
+def _fwd_lse_backward(ctx: Any, grad_out: Tensor, grad_lse: Optional[Tensor]) -> tuple:
+    # The lse is not differentiable (as in FlashAttention-2): its gradient, if any, is ignored.
+    q, k, v, out, lse = ctx.saved_tensors
+    dq, dk, dv = _bwd_op(_grad_ready(grad_out), q, k, v, out, lse, *ctx.options, True)
+    return dq, dk, dv, None, None, None, None, None
+
+
+torch.library.register_autograd("flashcute::fwd_lse", _fwd_lse_backward, setup_context=_fwd_lse_setup_context,
+                                lib=_lib)
+
+
 # Resolved once: torch.ops attribute lookups cost per call.
 _fwd_op = torch.ops.flashcute.fwd.default
 _fwd_lse_op = torch.ops.flashcute.fwd_lse.default
+_bwd_op = torch.ops.flashcute.bwd.default
 
 
 # ---------------------------------------------------------------------------------------- the entry
@@ -152,10 +216,14 @@ def flash_attn(q: Tensor, k: Tensor, v: Tensor, out: Optional[Tensor], return_ls
                args: tuple) -> Tuple[Tensor, Optional[Tensor]]:
     """flash_attn_func's torch path. args: (softmax_scale, causal, window_left, window_right, softcap)."""
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        raise NotImplementedError(
-            "flashcute.flash_attn_func has no backward pass yet, and q, k or v requires grad; "
-            "call it under torch.no_grad() / torch.inference_mode() or pass detached tensors"
-        )
+        # Differentiable: flashcute::fwd_lse, whose autograd formula runs flashcute::bwd.
+        if out is not None or stream is not None:
+            raise TypeError(
+                "out=, stream=: not supported when q, k or v requires grad (the differentiable op allocates "
+                "its output and runs on the current stream); call without them, or under torch.no_grad()"
+            )
+        o, lse = _fwd_lse_op(q, k, v, *args)
+        return o, (lse if return_lse else None)
     if _may_be_traced(q, k, v, out):
         if out is not None or stream is not None:
             raise TypeError(
@@ -188,3 +256,40 @@ def flash_attn(q: Tensor, k: Tensor, v: Tensor, out: Optional[Tensor], return_ls
         lse = q.new_empty(_lse_shape(q), dtype=torch.float32) if return_lse else None
     _launch(q, k, v, out, lse, args, index, stream, True)
     return out, lse
+
+
+def flash_attn_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                   dq: Optional[Tensor], dk: Optional[Tensor], dv: Optional[Tensor], stream: Optional[int],
+                   args: tuple, deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    """flash_attn_bwd's torch path: the op under tracing, a direct launch eagerly."""
+    if _may_be_traced(dout, q, k, v, out, lse, dq, dk, dv):
+        if dq is not None or dk is not None or dv is not None or stream is not None:
+            raise TypeError(
+                "dq=, dk=, dv=, stream=: not supported under torch.compile, torch.export or other tracing (the "
+                "traced op allocates its outputs and runs on the current stream); call without them there"
+            )
+        return _bwd_op(dout, q, k, v, out, lse, *args, deterministic)
+    index = _cuda_index(q, k, v)
+    for name, t in (("dout", dout), ("out", out), ("lse", lse), ("dq", dq), ("dk", dk), ("dv", dv)):
+        if t is None:
+            continue
+        if not t.is_cuda:
+            raise TypeError(f"{name}: expected a CUDA array, got a {t.device.type.upper()} torch.Tensor")
+        if t.get_device() != index:
+            raise ValueError(f"{name}: on {t.device} but q is on {q.device}")
+    current = _current_stream(index)
+    launch_stream = current if stream is None else stream
+    ctx = None
+    if launch_stream != current:
+        device = q.device
+        default = torch.cuda.default_stream(device)
+        launch = default if stream == default.cuda_stream else torch.cuda.ExternalStream(stream, device=device)
+        launch.wait_stream(torch.cuda.current_stream(device))
+        ctx = torch.cuda.stream(launch)
+    with ctx if ctx is not None else _nullcontext():
+        dq = q.new_empty(q.shape) if dq is None else dq
+        dk = k.new_empty(k.shape) if dk is None else dk
+        dv = v.new_empty(v.shape) if dv is None else dv
+        _bwd_launch(dout, q, k, v, out, lse, dq, dk, dv, args, deterministic, index, launch_stream,
+                    launch_stream != current)
+    return dq, dk, dv

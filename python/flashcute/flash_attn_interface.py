@@ -20,7 +20,7 @@ from typing import Any, Optional, Tuple, Union
 
 from . import _C
 
-__all__ = ["flash_attn_func"]
+__all__ = ["flash_attn_func", "flash_attn_bwd"]
 
 # DLPack device types (dlpack.h, DLDeviceType).
 _KDL_CUDA = 2
@@ -430,3 +430,109 @@ def flash_attn_func(
     if return_attn_probs:
         return out, lse, None
     return (out, lse) if return_lse else out
+
+
+def _run_bwd_cupy(dout, q, k, v, out, lse, dq, dk, dv, stream, args, deterministic):
+    cupy = sys.modules["cupy"]
+    with cupy.cuda.Device(q.device.id):
+        current = cupy.cuda.get_current_stream()
+        if stream is None or stream == current.ptr:
+            handle, alloc_ctx = current.ptr, contextlib.nullcontext()
+        else:
+            handle = stream
+            launch = cupy.cuda.ExternalStream(stream, device_id=q.device.id)
+            launch.wait_event(current.record())
+            alloc_ctx = launch
+        with alloc_ctx:
+            dq = cupy.empty(q.shape, dtype=q.dtype) if dq is None else dq
+            dk = cupy.empty(k.shape, dtype=k.dtype) if dk is None else dk
+            dv = cupy.empty(v.shape, dtype=v.dtype) if dv is None else dv
+            b, sq, h, _ = q.shape
+            workspace = cupy.empty((_C.bwd_workspace_floats(b, h, sq),), dtype=cupy.float32)
+
+    def export(a):
+        return a.__dlpack__(stream=-1)
+
+    _C.bwd(*(export(a) for a in (dout, q, k, v, out, lse, dq, dk, dv, workspace)), *args, deterministic, handle)
+    return dq, dk, dv
+
+
+def flash_attn_bwd(
+    dout: Any,
+    q: Any,
+    k: Any,
+    v: Any,
+    out: Any,
+    lse: Any,
+    *,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    deterministic: bool = False,
+    dq: Any = None,
+    dk: Any = None,
+    dv: Any = None,
+    stream: Union[None, int, Any] = None,
+) -> Tuple[Any, Any, Any]:
+    """FlashAttention backward pass: the gradients of ``out = flash_attn_func(q, k, v, ...)``.
+
+    For callers that run the backward themselves (CuPy, or any framework's own autograd); torch
+    and JAX users get the same kernels through ``flash_attn_func``'s gradient.
+
+    Arguments:
+        dout: (batch_size, seqlen_q, nheads, headdim), the gradient of the loss with respect to out.
+        q, k, v: the forward's inputs; out: its output; lse: its ``return_lse=True`` lse,
+            float32 (batch_size, nheads, seqlen_q).
+        softmax_scale, causal, window_size, softcap: exactly the forward's.
+        deterministic: accepted for FlashAttention-2 compatibility. flashcute's backward is always
+            deterministic (no atomics: every gradient element is written by one thread block),
+            so its result is the same bits on every run either way.
+        dq, dk, dv: optional preallocated outputs, like q, k and v (eager only).
+        stream: as for ``flash_attn_func``.
+
+    Return:
+        (dq, dk, dv): like q, k and v. With MQA/GQA, dk and dv are summed over each group of query
+        heads. Rows of q that see no key get dq = 0; keys no query sees get dk = dv = 0.
+
+    Memory: a float32 workspace of batch_size * nheads * seqlen_q elements, besides the outputs.
+    Raises the same errors as ``flash_attn_func``, naming the argument.
+    """
+    window_left, window_right = _parse_window_size(window_size)
+    softcap = _as_real("softcap", softcap)
+    if not 0 <= softcap < math.inf:
+        raise ValueError(f"softcap must be a finite number >= 0 (0 disables it), got {softcap!r}")
+    if softmax_scale is not None:
+        softmax_scale = _as_real("softmax_scale", softmax_scale)
+        if not 0 < softmax_scale < math.inf:
+            raise ValueError(f"softmax_scale must be a finite number > 0, got {softmax_scale!r}")
+    causal = _as_bool("causal", causal)
+    deterministic = _as_bool("deterministic", deterministic)
+    stream = _parse_stream(stream)
+
+    fw = _check_cuda_array("q", q)
+    named = (("dout", dout), ("k", k), ("v", v), ("out", out), ("lse", lse), ("dq", dq), ("dk", dk), ("dv", dv))
+    for name, x in named:
+        if x is None and name in ("dq", "dk", "dv"):
+            continue
+        if _check_cuda_array(name, x) != fw:
+            raise TypeError(
+                f"{name}: is a {_type_name(x)} but q is a {_type_name(q)}; all arrays must come from the same framework"
+            )
+    if len(q.shape) != 4:
+        raise ValueError(f"q: expected 4 dims (batch, seqlen_q, nheads, headdim), got {len(q.shape)}")
+    if softmax_scale is None:
+        headdim = int(q.shape[3])
+        softmax_scale = 1.0 / math.sqrt(headdim) if headdim > 0 else 1.0
+    args = (float(softmax_scale), causal, window_left, window_right, softcap)
+    if fw == _TORCH:
+        from ._torch import flash_attn_bwd as run
+
+        return run(dout, q, k, v, out, lse, dq, dk, dv, stream, args, deterministic)
+    if fw == _CUPY:
+        return _run_bwd_cupy(dout, q, k, v, out, lse, dq, dk, dv, stream, args, deterministic)
+    if fw == _JAX:
+        raise TypeError("q: flash_attn_bwd takes torch or CuPy arrays; JAX users differentiate flash_attn_func "
+                        "with jax.grad")
+    raise TypeError(f"q: flash_attn_bwd allocates through torch or CuPy, and q is a {_type_name(q)}; convert the "
+                    "arrays")

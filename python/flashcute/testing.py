@@ -49,9 +49,13 @@ __all__ = [
     "Check",
     "check_attention",
     "assert_attention_close",
+    "GRAD_ATOL",
+    "attention_grads_ref",
+    "check_gradients",
 ]
 
 OUT_ATOL = 1e-5
+GRAD_ATOL = 1e-4
 LSE_ATOL = 1e-3
 # Scores held at once by the reference (64 MiB of float32); rows are processed in chunks of this.
 CHUNK_SCORES = 1 << 24
@@ -412,3 +416,71 @@ def assert_attention_close(out: Any, q: Any, k: Any, v: Any, **kwargs: Any) -> C
     if not result.ok:
         raise AssertionError(result.message)
     return result
+
+
+# ------------------------------------------------------------------------------ gradients (torch)
+
+
+def attention_grads_ref(
+    dout: Any,
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    lowp: bool = False,
+) -> Tuple[Any, Any, Any]:
+    """(dq, dk, dv) of attention by torch autograd, torch tensors only: in float32 (the reference),
+    or with ``lowp=True`` in the inputs' dtype (the naive attention of the rule, as FlashAttention's
+    ``attention_ref(upcast=False)``: q * scale, the scores, the probabilities and the output rounded
+    to that dtype). Rows that see no key have zero gradients. Memory: the whole score matrix."""
+    import torch
+
+    b, sq, h, d = q.shape
+    sk, hk = k.shape[1], k.shape[2]
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(d)
+    dt = q.dtype if lowp else torch.float32
+    with _Tf32Off(torch), torch.enable_grad():
+        qr, kr, vr = (x.detach().to(dt).requires_grad_() for x in (q, k, v))
+        kk = kr.repeat_interleave(h // hk, dim=2)
+        vv = vr.repeat_interleave(h // hk, dim=2)
+        scores = torch.einsum("bqhd,bkhd->bhqk", qr * scale, kk)
+        if softcap > 0:
+            scores = torch.tanh(scores / softcap) * softcap
+        seen = torch.from_numpy(visible_mask(sq, sk, causal, window_size)).to(q.device)
+        empty = ~seen.any(dim=-1, keepdim=True)  # rows that see no key
+        scores = scores.masked_fill(~seen | empty, float("-inf")).masked_fill(empty, 0.0)
+        probs = torch.softmax(scores, dim=-1).masked_fill(empty, 0.0).to(dt)
+        out = torch.einsum("bhqk,bkhd->bqhd", probs, vv)
+        dq, dk, dv = torch.autograd.grad(out, (qr, kr, vr), dout.to(dt))
+    return dq.float(), dk.float(), dv.float()
+
+
+def check_gradients(grads: Tuple[Any, Any, Any], dout: Any, q: Any, k: Any, v: Any, **kwargs: Any) -> Check:
+    """Checks (dq, dk, dv) against the rule: each gradient's max error against the float32
+    reference at most twice the naive low-precision attention's, plus GRAD_ATOL; no NaN or inf.
+    torch tensors only. kwargs: softmax_scale, causal, window_size, softcap."""
+    import torch
+
+    ref = attention_grads_ref(dout, q, k, v, **kwargs)
+    naive = attention_grads_ref(dout, q, k, v, lowp=True, **kwargs)
+    problems, worst, worst_bound, worst_naive = [], 0.0, 0.0, 0.0
+    for name, g, r, n in zip(("dq", "dk", "dv"), grads, ref, naive):
+        if tuple(g.shape) != tuple(r.shape):
+            problems.append(f"{name}: shape {tuple(g.shape)}, expected {tuple(r.shape)}")
+            continue
+        g = g.float()
+        bad = int((~torch.isfinite(g)).sum())
+        err = float((g - r).abs().max()) if g.numel() else 0.0
+        naive_err = float((n - r).abs().max()) if g.numel() else 0.0
+        bound = tolerance(naive_err, GRAD_ATOL)
+        if bad:
+            problems.append(f"{name}: {bad} non-finite values (NaN: unwritten or invalid)")
+        if not err <= bound:
+            problems.append(f"{name}: max error {err:.3e} > bound {bound:.3e} (naive low-precision error {naive_err:.3e})")
+        if err / max(bound, 1e-30) >= worst / max(worst_bound, 1e-30):
+            worst, worst_bound, worst_naive = err, bound, naive_err
+    return Check(not problems, worst, worst_bound, worst_naive, message="; ".join(problems))

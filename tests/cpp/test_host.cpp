@@ -70,15 +70,21 @@ TEST(KernelList, IsTheProductOfTheBuildOptions) {
   // CMake wrote both the options and the list into build_config.hpp: they must agree.
   const std::set<std::string> dims = split(flashcute::kBuildHeadDims), dtypes = split(flashcute::kBuildDtypes);
   std::set<std::string> listed;
+  int backward = 0;
   for (const flashcute::KernelKey& k : flashcute::kCompiledKernels) {
     EXPECT_EQ(k.arch, flashcute::Arch::kSm80);
-    EXPECT_EQ(k.direction, flashcute::Direction::kFwd);
+    EXPECT_TRUE(k.direction == flashcute::Direction::kFwd || k.direction == flashcute::Direction::kBwd);
     EXPECT_TRUE(dims.count(std::to_string(k.head_dim))) << k.head_dim;
     EXPECT_TRUE(dtypes.count(flashcute::dtype_option(k.dtype))) << flashcute::dtype_name(k.dtype);
-    listed.insert(std::string(flashcute::dtype_option(k.dtype)) + "/" + std::to_string(k.head_dim));
+    listed.insert(std::string(flashcute::direction_name(k.direction)) + "/" + flashcute::dtype_option(k.dtype) + "/" +
+                  std::to_string(k.head_dim));
+    backward += k.direction == flashcute::Direction::kBwd;
   }
-  EXPECT_EQ(listed.size(), dims.size() * dtypes.size());
-  EXPECT_EQ(flashcute::kNumCompiledKernels, dims.size() * dtypes.size());
+  // Every (dtype, head dim) has a forward, and either all or none has a backward (FLASHCUTE_BACKWARD).
+  const size_t per_direction = dims.size() * dtypes.size();
+  EXPECT_TRUE(backward == 0 || size_t(backward) == per_direction) << backward;
+  EXPECT_EQ(listed.size(), per_direction + size_t(backward));
+  EXPECT_EQ(flashcute::kNumCompiledKernels, per_direction + size_t(backward));
 }
 
 TEST(KernelList, HeadDimDispatch) {

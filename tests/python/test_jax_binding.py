@@ -33,8 +33,8 @@ def test_ffi_handler_is_built_in():
     targets = _C.xla_ffi_targets()
     if not targets:
         pytest.fail("flashcute._C was built without the XLA FFI handler; CI builds with FLASHCUTE_XLA_FFI=ON")
-    assert set(targets) == {"flashcute_fwd"}
-    assert type(targets["flashcute_fwd"]).__name__ == "PyCapsule"
+    assert set(targets) == {"flashcute_fwd", "flashcute_bwd"}
+    assert all(type(t).__name__ == "PyCapsule" for t in targets.values())
 
 
 def test_traced_call_is_one_custom_call(fp16_d64):
@@ -80,12 +80,22 @@ def test_vmap_folds_into_the_batch(fp16_d64):
     assert "f16[30,32,4,64]" in text, text
 
 
-def test_grad_raises_until_there_is_a_backward(fp16_d64):
-    def loss(q, k, v):
-        return flashcute.flash_attn_func(q, k, v).astype(jnp.float32).sum()
+def test_grad_is_the_bwd_custom_call(fp16_d64):
+    from flashcute import _jax
 
-    with pytest.raises(NotImplementedError, match="no backward pass yet"):
-        jax.make_jaxpr(jax.grad(loss))(spec(1, 16, 2, 64), spec(1, 16, 2, 64), spec(1, 16, 2, 64))
+    _jax._register()
+
+    def loss(q, k, v):
+        return flashcute.flash_attn_func(q, k, v, causal=True).astype(jnp.float32).sum()
+
+    text = jaxpr(jax.grad(loss, argnums=(0, 1, 2)), spec(2, 16, 4, 64), spec(2, 24, 2, 64), spec(2, 24, 2, 64))
+    assert "flashcute_bwd" in text, text
+    grads = jax.eval_shape(jax.grad(loss, argnums=(0, 1, 2)), spec(2, 16, 4, 64), spec(2, 24, 2, 64),
+                           spec(2, 24, 2, 64))
+    assert [g.shape for g in grads] == [(2, 16, 4, 64), (2, 24, 2, 64), (2, 24, 2, 64)]
+    # vmap of grad folds the vmapped axis into the batch of the backward call too.
+    text = jaxpr(jax.vmap(jax.grad(loss)), spec(3, 2, 16, 4, 64), spec(3, 2, 24, 2, 64), spec(3, 2, 24, 2, 64))
+    assert "f16[6,16,4,64]" in text and text.count("flashcute_bwd") >= 1, text
 
 
 def test_keywords_jax_cannot_take():

@@ -38,7 +38,7 @@ def _build_option(name: str):
 
 
 def test_build_options_are_recorded():
-    assert set(_C.BUILD_OPTIONS) == {"FLASHCUTE_CUDA_ARCHS", "FLASHCUTE_HEAD_DIMS", "FLASHCUTE_DTYPES"}
+    assert set(_C.BUILD_OPTIONS) == {"FLASHCUTE_CUDA_ARCHS", "FLASHCUTE_HEAD_DIMS", "FLASHCUTE_DTYPES", "FLASHCUTE_BACKWARD"}
     for name, value in _C.BUILD_OPTIONS.items():
         assert isinstance(value, str) and _split(value), name
     assert all(int(a.rstrip("af")) >= 80 for a in _split(_C.BUILD_OPTIONS["FLASHCUTE_CUDA_ARCHS"]))
@@ -112,7 +112,8 @@ def test_compiled_kernels_are_the_list_the_build_made():
     dims = sorted(int(d) for d in _build_option("FLASHCUTE_HEAD_DIMS"))
     dtypes = {DTYPE_OPTION_NAMES[t.lower()] for t in _build_option("FLASHCUTE_DTYPES")}
     kernels = _C.compiled_kernels()
-    assert sorted(kernels) == sorted(("sm80", "fwd", dt, d) for dt in dtypes for d in dims)
+    directions = ["fwd", "bwd"] if _C.BUILD_OPTIONS["FLASHCUTE_BACKWARD"] == "ON" else ["fwd"]
+    assert sorted(kernels) == sorted(("sm80", di, dt, d) for di in directions for dt in dtypes for d in dims)
     assert flashcute.compiled_kernels() == kernels
     assert sorted({k[3] for k in kernels}) == _C.compiled_head_dims()
     assert {k[2] for k in kernels} == set(_C.compiled_dtypes())

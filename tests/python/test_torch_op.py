@@ -95,12 +95,29 @@ def test_eager_only_keywords_refused_under_compile(kw):
         torch.compile(lambda q: attn(q, q, q, **kwargs), fullgraph=True, backend="eager")(q)
 
 
-def test_requires_grad_is_refused_in_eager_and_compiled():
+def test_gradients_flow_through_the_bwd_op():
+    # On meta tensors the fake implementations give the shapes: flash_attn_func with inputs that
+    # require grad is flashcute::fwd_lse, and its autograd formula calls flashcute::bwd.
+    q, k, v = (meta(*s).requires_grad_() for s in ((2, 16, 4, 64), (2, 24, 2, 64), (2, 24, 2, 64)))
+    out = attn(q, k, v, causal=True)
+    out.backward(torch.empty_like(out))
+    assert q.grad.shape == q.shape and k.grad.shape == k.shape and v.grad.shape == v.shape
+
+
+def test_compiled_forward_and_backward_trace_one_op_each():
+    q, k, v = (meta(*s).requires_grad_() for s in ((2, 16, 4, 64), (2, 24, 2, 64), (2, 24, 2, 64)))
+    explained = torch._dynamo.explain(lambda q, k, v: attn(q, k, v, causal=True).sum())(q, k, v)
+    assert explained.graph_break_count == 0 and "flashcute.fwd_lse" in explained.graphs[0].code
+    f = torch.compile(lambda q, k, v: attn(q, k, v, causal=True), fullgraph=True, backend="aot_eager")
+    out = f(q, k, v)
+    out.backward(torch.empty_like(out))
+    assert q.grad.shape == q.shape and k.grad.shape == k.shape
+
+
+def test_out_and_stream_are_refused_with_grad():
     q = meta(1, 16, 2, 64).requires_grad_()
-    with pytest.raises(NotImplementedError, match="no backward pass yet"):
-        attn(q, q.detach(), q.detach())
-    with pytest.raises(Exception, match="no backward pass yet"):
-        torch.compile(lambda q: attn(q, q.detach(), q.detach()), fullgraph=True, backend="eager")(q)
+    with pytest.raises(TypeError, match="not supported when q, k or v requires grad"):
+        attn(q, q.detach(), q.detach(), out=torch.empty_like(q.detach()))
 
 
 def test_export():

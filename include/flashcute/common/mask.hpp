@@ -23,6 +23,15 @@ struct KeyMask {
     return window_right >= 0 ? cute::min(seqlen_k, row + offset + window_right + 1) : seqlen_k;
   }
 
+  // The query rows that see key `key`: [query_begin, query_end), clamped to [0, seqlen_q). The
+  // inverse of key_begin/key_end, for kernels that walk the queries of a key block.
+  CUTE_HOST_DEVICE int query_begin(int key) const {
+    return window_right >= 0 ? cute::max(0, key - offset - window_right) : 0;
+  }
+  CUTE_HOST_DEVICE int query_end(int key, int seqlen_q) const {
+    return window_left >= 0 ? cute::min(seqlen_q, key - offset + window_left + 1) : seqlen_q;
+  }
+
   // True unless every (row, key) of the tile rows [m0, m0+bm) x keys [n0, n0+bn) is visible.
   CUTE_HOST_DEVICE bool tile_needs_mask(int m0, int bm, int n0, int bn) const {
     return n0 + bn > key_end(m0) || n0 < key_begin(m0 + bm - 1);
@@ -31,7 +40,7 @@ struct KeyMask {
   // Sets invisible scores to -inf. scores: ((2,MMA_M),(2,MMA_N)) row/col view of the
   // S accumulator; coords: the same view of the tile's identity tensor.
   template <class Scores, class Coords>
-  CUTE_DEVICE void apply(Scores& scores, Coords const& coords, int m0, int n0) const {
+  CUTE_DEVICE void apply(Scores& scores, Coords const& coords, int m0, int n0, float fill = -INFINITY) const {
     CUTE_UNROLL
     for (int i = 0; i < cute::size<0>(scores); ++i) {
       const int row = m0 + cute::get<0>(coords(i, 0));
@@ -40,7 +49,24 @@ struct KeyMask {
       CUTE_UNROLL
       for (int j = 0; j < cute::size<1>(scores); ++j) {
         const int key = n0 + cute::get<1>(coords(0, j));
-        if (key < begin || key >= end) scores(i, j) = -INFINITY;
+        if (key < begin || key >= end) scores(i, j) = fill;
+      }
+    }
+  }
+
+  // The same for a transposed tile, rows keys [n0, ...) and columns queries [m0, ...): sets the
+  // elements whose query does not see their key to `fill`.
+  template <class Scores, class Coords>
+  CUTE_DEVICE void apply_transposed(Scores& scores, Coords const& coords, int n0, int m0, float fill) const {
+    CUTE_UNROLL
+    for (int j = 0; j < cute::size<1>(scores); ++j) {
+      const int query = m0 + cute::get<1>(coords(0, j));
+      const int begin = key_begin(query);
+      const int end = key_end(query);
+      CUTE_UNROLL
+      for (int i = 0; i < cute::size<0>(scores); ++i) {
+        const int key = n0 + cute::get<0>(coords(i, 0));
+        if (key < begin || key >= end) scores(i, j) = fill;
       }
     }
   }

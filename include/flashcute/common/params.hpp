@@ -46,4 +46,21 @@ struct FwdParams {
   int window_right = -1;
 };
 
+// The backward pass reads the forward's arrays (o and lse are inputs here) and dout, and writes
+// dq (like q) and dk, dv (like k and v: GQA groups are summed). dsum is the workspace
+// D = rowsum(dout * o): float32 (batch, nheads, seqlen_q), contiguous; host/validate_bwd.hpp
+// sizes it (bwd_workspace_floats).
+struct BwdParams : FwdParams {
+  const void* dout = nullptr;
+  void* dq = nullptr;
+  void* dk = nullptr;
+  void* dv = nullptr;
+  float* dsum = nullptr;
+
+  int64_t do_batch_stride = 0, do_row_stride = 0, do_head_stride = 0;
+  int64_t dq_batch_stride = 0, dq_row_stride = 0, dq_head_stride = 0;
+  int64_t dk_batch_stride = 0, dk_row_stride = 0, dk_head_stride = 0;
+  int64_t dv_batch_stride = 0, dv_row_stride = 0, dv_head_stride = 0;
+};
+
 }  // namespace flashcute

@@ -32,4 +32,22 @@ struct FwdSeqlen {
         lse_offset(batch * p.lse_batch_stride) {}
 };
 
+// The backward's extra arrays: dout and dq have q's rows, dk and dv k's; dsum is (batch, nheads,
+// seqlen_q) contiguous.
+struct BwdSeqlen : FwdSeqlen {
+  int64_t do_offset;
+  int64_t dq_offset;
+  int64_t dk_offset;
+  int64_t dv_offset;
+  int64_t dsum_offset;
+
+  CUTE_HOST_DEVICE BwdSeqlen(const BwdParams& p, int batch)
+      : FwdSeqlen(p, batch),
+        do_offset(batch * p.do_batch_stride),
+        dq_offset(batch * p.dq_batch_stride),
+        dk_offset(batch * p.dk_batch_stride),
+        dv_offset(batch * p.dv_batch_stride),
+        dsum_offset(int64_t(batch) * p.nheads * p.seqlen_q) {}
+};
+
 }  // namespace flashcute

@@ -1,7 +1,7 @@
 // flashcute/common/types.hpp: the names every layer shares.
 //
 // DType is an element type; Arch names a kernel family (the code path a kernel is built from,
-// not the GPU it runs on); Direction is forward or (later) backward. A KernelKey names one
+// not the GPU it runs on); Direction is forward or backward. A KernelKey names one
 // compiled kernel: CMake generates the list of them (flashcute/build_config.hpp), and the host
 // dispatch, the Python module and the tests all read that list.
 #pragma once
@@ -33,8 +33,8 @@ constexpr const char* dtype_option(DType d) { return d == DType::kFloat16 ? "fp1
 // GPU. A Hopper family (wgmma + TMA, built for sm90a only) goes beside it as kSm90.
 enum class Arch : uint8_t { kSm80 };
 
-// kFwd: attention forward. The backward pass adds kBwd.
-enum class Direction : uint8_t { kFwd };
+// kFwd: attention forward; kBwd: its backward (dq, dk, dv).
+enum class Direction : uint8_t { kFwd, kBwd };
 
 // One compiled kernel. A structural type: usable as a template argument.
 struct KernelKey {
@@ -47,7 +47,9 @@ struct KernelKey {
 };
 
 constexpr const char* arch_name(Arch a) { return a == Arch::kSm80 ? "sm80" : "unknown"; }
-constexpr const char* direction_name(Direction d) { return d == Direction::kFwd ? "fwd" : "unknown"; }
+constexpr const char* direction_name(Direction d) {
+  return d == Direction::kFwd ? "fwd" : d == Direction::kBwd ? "bwd" : "unknown";
+}
 
 }  // namespace flashcute
 

@@ -14,6 +14,7 @@
 #pragma once
 
 #include "flashcute/host/dispatch.hpp"
+#include "flashcute/host/validate_bwd.hpp"
 #include "flashcute/host/validate_fwd.hpp"
 
 namespace flashcute {
@@ -21,6 +22,15 @@ namespace flashcute {
 inline Status run_fwd(const FwdArgs& args, cudaStream_t stream) {
   FwdPlan plan;
   Status st = plan_fwd(args, plan);
+  if (!st.ok()) return st;
+  return launch(plan, stream);
+}
+
+// The backward: dq, dk and dv from dout and the forward's q, k, v, out and lse (host/validate_bwd.hpp
+// lists the arrays; args.workspace holds bwd_workspace_floats() float32s). Same rules as run_fwd.
+inline Status run_bwd(const BwdArgs& args, cudaStream_t stream) {
+  BwdPlan plan;
+  Status st = plan_bwd(args, plan);
   if (!st.ok()) return st;
   return launch(plan, stream);
 }

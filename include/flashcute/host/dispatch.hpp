@@ -7,28 +7,44 @@
 
 #include <cuda_runtime_api.h>
 
+#include <type_traits>
 #include <utility>
 
 #include "flashcute/common/status.hpp"
 #include "flashcute/host/kernels.hpp"
+#include "flashcute/host/validate_bwd.hpp"
 #include "flashcute/host/validate_fwd.hpp"
 
 namespace flashcute {
 
 namespace detail {
 
-template <KernelKey kKey>
-Status launch_kernel(const FwdParams& params, cudaStream_t stream) {
-  static_assert(kKey.direction == Direction::kFwd);
-  if constexpr (kKey.arch == Arch::kSm80) return sm80::launch_fwd<kKey.dtype, kKey.head_dim>(params, stream);
+// Params is FwdParams or BwdParams: the direction of the kernels it selects.
+template <class Params>
+inline constexpr Direction kDirectionOf = std::is_same_v<Params, BwdParams> ? Direction::kBwd : Direction::kFwd;
+
+template <KernelKey kKey, class Params>
+Status launch_kernel(const Params& params, cudaStream_t stream) {
+  static_assert(kKey.direction == kDirectionOf<Params>);
+  if constexpr (kKey.direction == Direction::kFwd) return sm80::launch_fwd<kKey.dtype, kKey.head_dim>(params, stream);
+  else return sm80::launch_bwd<kKey.dtype, kKey.head_dim>(params, stream);
 }
 
-template <std::size_t... I>
-Status launch_listed(const KernelKey& key, const FwdParams& params, cudaStream_t stream, std::index_sequence<I...>) {
+template <class Params, std::size_t... I>
+Status launch_listed(const KernelKey& key, const Params& params, cudaStream_t stream, std::index_sequence<I...>) {
   Status status;
-  const bool found = ((kCompiledKernels[I].direction == Direction::kFwd && kCompiledKernels[I] == key &&
-                       (status = launch_kernel<kCompiledKernels[I]>(params, stream), true)) ||
-                      ...);
+  // Only the kernels of Params' direction are referenced: an if constexpr per list entry.
+  auto try_one = [&](auto index) {
+    constexpr KernelKey kKey = kCompiledKernels[decltype(index)::value];
+    if constexpr (kKey.direction == kDirectionOf<Params>) {
+      if (kKey == key) {
+        status = launch_kernel<kKey>(params, stream);
+        return true;
+      }
+    }
+    return false;
+  };
+  const bool found = (try_one(std::integral_constant<std::size_t, I>{}) || ...);
   if (!found)  // plan_fwd only picks compiled kernels: a plan made by hand can get here
     return Status::invalid(StatusCode::kNotCompiled, "q", "a compiled kernel", "none",
                            "flashcute: no kernel for this dtype and head dim was compiled into this build");
@@ -37,8 +53,10 @@ Status launch_listed(const KernelKey& key, const FwdParams& params, cudaStream_t
 
 }  // namespace detail
 
-// Launches a plan from plan_fwd() on `stream`. Never synchronises; an empty plan launches nothing.
-inline Status launch(const FwdPlan& plan, cudaStream_t stream) {
+// Launches a plan from plan_fwd() or plan_bwd() on `stream`. Never synchronises; an empty plan
+// launches nothing.
+template <class Plan>
+Status launch(const Plan& plan, cudaStream_t stream) {
   if (plan.empty) return Status::success();
   Status st = detail::launch_listed(plan.kernel, plan.params, stream, std::make_index_sequence<kNumCompiledKernels>{});
   if (st.cuda_error == cudaErrorNoKernelImageForDevice || st.cuda_error == cudaErrorInvalidDeviceFunction)

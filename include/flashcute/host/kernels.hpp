@@ -16,6 +16,7 @@
 #include "flashcute/common/status.hpp"
 #include "flashcute/common/types.hpp"
 #include "flashcute/sm80/config.hpp"
+#include "flashcute/sm80/config_bwd.hpp"
 
 namespace flashcute {
 
@@ -24,6 +25,8 @@ namespace flashcute {
 namespace sm80 {
 template <DType kDType, int kHeadDim>
 Status launch_fwd(const FwdParams& params, cudaStream_t stream);
+template <DType kDType, int kHeadDim>
+Status launch_bwd(const BwdParams& params, cudaStream_t stream);
 }  // namespace sm80
 
 inline constexpr std::size_t kNumCompiledKernels = std::size(kCompiledKernels);
@@ -32,6 +35,8 @@ inline constexpr std::size_t kNumCompiledKernels = std::size(kCompiledKernels);
 constexpr bool kernel_list_is_consistent() {
   for (int hd : kKernelHeadDims) {
     if (sm80::default_fwd_config(hd).head_dim != hd || sm80::validate(sm80::default_fwd_config(hd)) != nullptr)
+      return false;
+    if (sm80::default_bwd_config(hd).head_dim != hd || sm80::validate_bwd(sm80::default_bwd_config(hd)) != nullptr)
       return false;
   }
   for (const KernelKey& key : kCompiledKernels) {

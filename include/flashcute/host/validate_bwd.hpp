@@ -1,0 +1,128 @@
+// flashcute/host/validate_bwd.hpp: the one validation of a backward call.
+//
+// plan_bwd() checks a call described by BwdArgs and, if it is valid, makes the BwdParams the
+// kernels read and the KernelKey that runs them. The forward's arrays (q, k, v, out, lse) follow
+// the forward's rules, checked by plan_fwd itself; this adds dout, dq, dk, dv and the workspace.
+#pragma once
+
+#include <string>
+
+#include "flashcute/host/validate_fwd.hpp"
+
+namespace flashcute {
+
+// A backward call: given the forward's q, k, v, out and lse, and dout = dL/dout, computes
+// dq, dk and dv (GQA: dk and dv summed over each group of query heads).
+struct BwdArgs {
+  TensorRef dout;  // like q: (batch, seqlen_q, nheads, head_dim)
+  TensorRef q;
+  TensorRef k;
+  TensorRef v;
+  TensorRef out;  // the forward's output
+  TensorRef lse;  // the forward's lse: float32 (batch, nheads, seqlen_q), unit stride in seqlen_q
+  MutableTensorRef dq;  // like q
+  MutableTensorRef dk;  // like k
+  MutableTensorRef dv;  // like v
+  // float32, at least bwd_workspace_floats() elements, 16-byte aligned: D = rowsum(dout * out).
+  MutableTensorRef workspace;
+  std::optional<double> softmax_scale;
+  bool causal = false;
+  int64_t window_left = -1;
+  int64_t window_right = -1;
+  double softcap = 0.0;
+  bool deterministic = false;  // every backward is deterministic today (sm80/kernel_bwd.hpp)
+
+  void set_options(double scale, bool is_causal, int64_t left, int64_t right, double cap) {
+    softmax_scale = scale;
+    causal = is_causal;
+    window_left = left;
+    window_right = right;
+    softcap = cap;
+  }
+};
+
+// The float32 workspace a backward call of these shapes needs: batch * nheads * seqlen_q.
+inline int64_t bwd_workspace_floats(int64_t batch, int64_t nheads, int64_t seqlen_q) {
+  return batch * nheads * seqlen_q;
+}
+
+struct BwdPlan {
+  KernelKey kernel{};
+  BwdParams params{};
+  bool empty = true;  // nothing to compute: batch 0, or seqlen_q and seqlen_k both 0
+};
+
+namespace detail {
+
+inline Status check_like(const char* name, const TensorRef& t, const TensorRef& ref, const char* ref_name) {
+  if (t.rank != 4)
+    return Status::invalid_argument(name, std::string("4 dims like ") + ref_name, std::to_string(t.rank));
+  if (t.dtype != ref.dtype)
+    return Status::invalid_type(name, std::string(dtype_name(ref.dtype)) + " like " + ref_name, t.dtype_str());
+  for (int i = 0; i < 4; ++i) {
+    if (t.shape[i] != ref.shape[i])
+      return Status::invalid_argument(name, "shape " + shape_str(ref) + " like " + ref_name, shape_str(t));
+  }
+  FLASHCUTE_RETURN_IF_ERROR(check_strides_4d(name, t));
+  return check_data(name, t, 16);
+}
+
+}  // namespace detail
+
+inline Status plan_bwd(const BwdArgs& a, BwdPlan& plan) {
+  using namespace detail;
+  // The forward's arrays, by the forward's rules (out is only read here).
+  FwdArgs f;
+  f.q = a.q;
+  f.k = a.k;
+  f.v = a.v;
+  static_cast<TensorRef&>(f.out) = a.out;
+  static_cast<TensorRef&>(f.lse.emplace()) = a.lse;
+  f.set_options(a.softmax_scale.value_or(0.0), a.causal, a.window_left, a.window_right, a.softcap);
+  f.softmax_scale = a.softmax_scale;
+  FwdPlan fwd;
+  FLASHCUTE_RETURN_IF_ERROR(plan_fwd(f, fwd));
+
+  FLASHCUTE_RETURN_IF_ERROR(check_like("dout", a.dout, a.q, "q"));
+  FLASHCUTE_RETURN_IF_ERROR(check_like("dq", a.dq, a.q, "q"));
+  FLASHCUTE_RETURN_IF_ERROR(check_like("dk", a.dk, a.k, "k"));
+  FLASHCUTE_RETURN_IF_ERROR(check_like("dv", a.dv, a.v, "v"));
+  FLASHCUTE_RETURN_IF_ERROR(check_no_overlap("dq", a.dq));
+  FLASHCUTE_RETURN_IF_ERROR(check_no_overlap("dk", a.dk));
+  FLASHCUTE_RETURN_IF_ERROR(check_no_overlap("dv", a.dv));
+
+  const FwdParams& p = fwd.params;
+  const int64_t need = bwd_workspace_floats(p.batch, p.nheads, p.seqlen_q);
+  if (a.workspace.dtype != DType::kFloat32 || a.workspace.numel() < need)
+    return Status::invalid_argument("workspace", "float32 with at least " + std::to_string(need) + " elements",
+                                    std::string(a.workspace.dtype_str()) + " with " +
+                                        std::to_string(a.workspace.numel()));
+  if (need > 0) FLASHCUTE_RETURN_IF_ERROR(check_data("workspace", a.workspace, 16));
+
+  const int kernel_hd = kernel_head_dim(p.head_dim, a.q.dtype, Direction::kBwd);
+  if (kernel_hd == 0)
+    return Status::invalid(StatusCode::kNotCompiled, "q", "a backward kernel for this dtype and head dim",
+                           "a build without one",
+                           std::string("flashcute has no backward kernel for head dim ") + std::to_string(p.head_dim) +
+                               " (" + dtype_name(a.q.dtype) +
+                               ") in this build: build with -C cmake.define.FLASHCUTE_BACKWARD=ON and the head dim "
+                               "and dtype in FLASHCUTE_HEAD_DIMS / FLASHCUTE_DTYPES");
+
+  plan = BwdPlan{};
+  plan.kernel = KernelKey{Arch::kSm80, Direction::kBwd, a.q.dtype, kernel_hd};
+  plan.empty = p.batch == 0 || (p.seqlen_q == 0 && p.seqlen_k == 0);
+  BwdParams& b = plan.params;
+  static_cast<FwdParams&>(b) = p;
+  b.dout = a.dout.data;
+  b.dq = a.dq.mutable_data();
+  b.dk = a.dk.mutable_data();
+  b.dv = a.dv.mutable_data();
+  b.dsum = static_cast<float*>(a.workspace.mutable_data());
+  b.do_batch_stride = kstride(a.dout, 0), b.do_row_stride = kstride(a.dout, 1), b.do_head_stride = kstride(a.dout, 2);
+  b.dq_batch_stride = kstride(a.dq, 0), b.dq_row_stride = kstride(a.dq, 1), b.dq_head_stride = kstride(a.dq, 2);
+  b.dk_batch_stride = kstride(a.dk, 0), b.dk_row_stride = kstride(a.dk, 1), b.dk_head_stride = kstride(a.dk, 2);
+  b.dv_batch_stride = kstride(a.dv, 0), b.dv_row_stride = kstride(a.dv, 1), b.dv_head_stride = kstride(a.dv, 2);
+  return Status::success();
+}
+
+}  // namespace flashcute

@@ -1,0 +1,199 @@
+"""The backward pass on the GPU: dq, dk, dv against a float32 reference with FlashAttention's rule
+(flashcute.testing.check_gradients), through torch autograd on flash_attn_func and through
+flash_attn_bwd; determinism; torch.compile of forward + backward; CuPy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from typing import Tuple
+
+import pytest
+
+import flashcute
+from flashcute.testing import check_gradients
+
+pytestmark = pytest.mark.gpu
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    b: int
+    sq: int
+    sk: int
+    h: int
+    hk: int
+    d: int
+    causal: bool = False
+    window: Tuple[int, int] = (-1, -1)
+    softcap: float = 0.0
+    scale: float = None  # type: ignore[assignment]
+    packed: bool = False  # q, k, v sliced out of one (b, s, 3, h, d) tensor
+
+    @property
+    def id(self) -> str:
+        s = f"b{self.b}-q{self.sq}-k{self.sk}-h{self.h}:{self.hk}-d{self.d}"
+        if self.causal:
+            s += "-causal"
+        if self.window != (-1, -1):
+            s += f"-win{self.window[0]}_{self.window[1]}"
+        if self.softcap:
+            s += f"-cap{self.softcap}"
+        if self.scale is not None:
+            s += f"-scale{self.scale}"
+        if self.packed:
+            s += "-packed"
+        return s
+
+    def options(self) -> dict:
+        return dict(softmax_scale=self.scale, causal=self.causal, window_size=self.window, softcap=self.softcap)
+
+
+# Every head dim, odd seqlens both ways, the masks, GQA 8:1, MQA, softcap, a custom scale, packed views.
+CASES = [
+    Case(2, 128, 128, 4, 4, 64),
+    Case(1, 1, 1, 2, 2, 64),
+    Case(2, 17, 113, 4, 2, 64, causal=True),
+    Case(2, 113, 17, 4, 2, 64, causal=True),  # rows that see no key
+    Case(1, 1000, 1030, 8, 1, 64, causal=True),  # MQA
+    Case(1, 300, 300, 8, 1, 128, window=(40, 7)),
+    Case(2, 257, 300, 16, 2, 128, softcap=30.0),  # GQA 8:1
+    Case(1, 513, 513, 4, 4, 128, scale=0.3, causal=True),
+    Case(2, 200, 200, 4, 4, 64, packed=True),
+    Case(1, 333, 200, 4, 2, 32, window=(0, 0)),
+    Case(1, 200, 333, 4, 2, 96, causal=True, softcap=5.0),
+    Case(1, 130, 260, 4, 4, 192),
+    Case(1, 260, 130, 4, 2, 256, causal=True),
+    Case(1, 300, 300, 4, 4, 40, causal=True),  # padded to kernel head dim 64
+    Case(1, 100, 170, 2, 2, 136, window=(50, 50)),  # padded to 192
+    Case(1, 1100, 1100, 2, 1, 256, causal=True, window=(300, -1)),
+]
+
+
+def _inputs(torch, c: Case, dtype, seed: int):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    dt = getattr(torch, dtype)
+    if c.packed:
+        assert c.sq == c.sk and c.h == c.hk
+        qkv = torch.randn(c.b, c.sq, 3, c.h, c.d, device="cuda", generator=g).to(dt)
+        q, k, v = qkv.unbind(2)
+    else:
+        q = torch.randn(c.b, c.sq, c.h, c.d, device="cuda", generator=g).to(dt)
+        k = torch.randn(c.b, c.sk, c.hk, c.d, device="cuda", generator=g).to(dt)
+        v = torch.randn(c.b, c.sk, c.hk, c.d, device="cuda", generator=g).to(dt)
+    dout = torch.randn(c.b, c.sq, c.h, c.d, device="cuda", generator=g).to(dt)
+    return q, k, v, dout
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_autograd_matches_reference(torch, require_kernel, case, dtype):
+    require_kernel(dtype, case.d)
+    q, k, v, dout = _inputs(torch, case, dtype, seed=hash(case.id) % 1000)
+    leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+    if case.packed:  # gradients flow into the packed tensor through the strided views
+        qkv = torch.stack([x.detach() for x in (q, k, v)], dim=2).requires_grad_()
+        qv, kv, vv = qkv.unbind(2)
+    else:
+        qv, kv, vv = leaves
+    out = flashcute.flash_attn_func(qv, kv, vv, **case.options())
+    out.backward(dout)
+    grads = qkv.grad.unbind(2) if case.packed else tuple(x.grad for x in leaves)
+    check = check_gradients(grads, dout, q, k, v, **case.options())
+    assert check.ok, check.message
+
+
+@pytest.mark.parametrize("case", [CASES[2], CASES[6], CASES[12]], ids=lambda c: c.id)
+def test_flash_attn_bwd_writes_every_element(torch, require_kernel, case):
+    """flash_attn_bwd into NaN-poisoned outputs: every element written, and the same bits as autograd."""
+    require_kernel("bfloat16", case.d)
+    q, k, v, dout = _inputs(torch, case, "bfloat16", seed=7)
+    out, lse = flashcute.flash_attn_func(q, k, v, return_lse=True, **case.options())
+    dq, dk, dv = (torch.full_like(x, float("nan")) for x in (q, k, v))
+    res = flashcute.flash_attn_bwd(dout, q, k, v, out, lse, dq=dq, dk=dk, dv=dv, **case.options())
+    assert res[0] is dq and res[1] is dk and res[2] is dv
+    check = check_gradients((dq, dk, dv), dout, q, k, v, **case.options())
+    assert check.ok, check.message
+    leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+    flashcute.flash_attn_func(*leaves, **case.options()).backward(dout)
+    for a, b in zip((dq, dk, dv), leaves):
+        assert torch.equal(a, b.grad)
+
+
+def test_deterministic_bits(torch, require_kernel):
+    """Five runs, the same bits (a GQA causal case where atomics would reorder the dk/dv sums)."""
+    require_kernel("bfloat16", 128)
+    case = Case(2, 1000, 1000, 16, 2, 128, causal=True)
+    q, k, v, dout = _inputs(torch, case, "bfloat16", seed=3)
+    out, lse = flashcute.flash_attn_func(q, k, v, return_lse=True, causal=True)
+    first = flashcute.flash_attn_bwd(dout, q, k, v, out, lse, causal=True, deterministic=True)
+    for _ in range(4):
+        again = flashcute.flash_attn_bwd(dout, q, k, v, out, lse, causal=True, deterministic=True)
+        for a, b in zip(first, again):
+            assert torch.equal(a, b)
+
+
+def test_compile_forward_and_backward(torch, require_kernel):
+    require_kernel("bfloat16", 64)
+    torch._dynamo.reset()
+    case = Case(2, 200, 150, 4, 2, 64, causal=True)
+    q, k, v, dout = _inputs(torch, case, "bfloat16", seed=11)
+
+    def loss(q, k, v):
+        return (flashcute.flash_attn_func(q, k, v, causal=True) * dout).sum()
+
+    explained = torch._dynamo.explain(loss)(*(x.detach().requires_grad_() for x in (q, k, v)))
+    assert explained.graph_break_count == 0, explained.break_reasons
+    compiled = torch.compile(loss, fullgraph=True)
+    eager_leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+    loss(*eager_leaves).backward()
+    leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+    compiled(*leaves).backward()
+    for a, b in zip(leaves, eager_leaves):
+        assert torch.equal(a.grad, b.grad)
+
+
+def test_lse_is_not_differentiable(torch, require_kernel):
+    require_kernel("bfloat16", 64)
+    q, k, v, dout = _inputs(torch, Case(1, 64, 64, 2, 2, 64), "bfloat16", seed=13)
+    q.requires_grad_()
+    out, lse = flashcute.flash_attn_func(q, k, v, return_lse=True)
+    assert out.requires_grad and not lse.requires_grad
+
+
+def test_cupy_flash_attn_bwd(torch, cupy, require_kernel):
+    require_kernel("float16", 64)
+    case = Case(1, 100, 120, 4, 2, 64, causal=True)
+    q, k, v, dout = _inputs(torch, case, "float16", seed=17)
+    out, lse = flashcute.flash_attn_func(q, k, v, causal=True, return_lse=True)
+    torch.cuda.synchronize()
+    cq, ck, cv, cdo, co, clse = (cupy.from_dlpack(x) for x in (q, k, v, dout, out, lse))
+    dq, dk, dv = flashcute.flash_attn_bwd(cdo, cq, ck, cv, co, clse, causal=True)
+    cupy.cuda.get_current_stream().synchronize()
+    assert all(isinstance(x, cupy.ndarray) for x in (dq, dk, dv))
+    grads = tuple(torch.from_dlpack(x) for x in (dq, dk, dv))
+    check = check_gradients(grads, dout, q, k, v, causal=True)
+    assert check.ok, check.message
+
+
+def test_random_cases(torch, require_kernel):
+    """Random shapes and options, each checked by the rule."""
+    rng = random.Random(1234)
+    dims = [d for d in (32, 64, 96, 128, 192, 256) if flashcute.kernel_head_dim(d) == d]
+    if not dims:
+        pytest.skip("no head dim compiled")
+    for i in range(12):
+        d = rng.choice(dims) - rng.choice([0, 0, 8])
+        hk = rng.choice([1, 2, 4])
+        c = Case(rng.randint(1, 3), rng.randint(1, 700), rng.randint(1, 700), hk * rng.choice([1, 2, 4]), hk, d,
+                 causal=rng.random() < 0.4, softcap=rng.choice([0.0, 0.0, 20.0]),
+                 window=rng.choice([(-1, -1), (-1, -1), (rng.randint(0, 100), rng.randint(0, 100))]))
+        dtype = rng.choice(["bfloat16", "float16"])
+        if not flashcute.kernel_head_dim(d) or dtype not in flashcute.compiled_dtypes():
+            continue
+        q, k, v, dout = _inputs(torch, c, dtype, seed=100 + i)
+        leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+        flashcute.flash_attn_func(*leaves, **c.options()).backward(dout)
+        check = check_gradients(tuple(x.grad for x in leaves), dout, q, k, v, **c.options())
+        assert check.ok, (c.id, dtype, check.message)
