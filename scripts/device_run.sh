@@ -102,7 +102,7 @@ stage_sanitize() {
   cs="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
   for tool in ${FC_SANITIZE_TOOLS:-memcheck racecheck}; do
     banner "compute-sanitizer --tool $tool"
-    "$cs" --tool "$tool" --error-exitcode 1 python3 scripts/sanitize.py 2>&1 | tee "$OUT/sanitize-$tool.log"
+    "$cs" --tool "$tool" --error-exitcode 1 python3 scripts/sanitize.py --backward 2>&1 | tee "$OUT/sanitize-$tool.log"
     record "$tool" "${PIPESTATUS[0]}"
   done
 }

@@ -34,7 +34,7 @@ os.environ.setdefault("PYTORCH_NO_CUDA_MEMORY_CACHING", "1")  # before torch is 
 
 import flashcute  # noqa: E402
 import torch  # noqa: E402
-from flashcute.testing import check_attention  # noqa: E402
+from flashcute.testing import check_attention, check_gradients  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -129,12 +129,28 @@ def check(
     return result.ok, result.summary()
 
 
+def check_backward(case: Case, inputs: tuple[torch.Tensor, ...], out: torch.Tensor,
+                   lse: torch.Tensor) -> tuple[bool, str]:
+    """flash_attn_bwd (deterministic) of one case into NaN-poisoned outputs, checked on the CPU."""
+    q, k, v = inputs
+    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(1)).to(q.dtype).to(DEVICE)
+    grads = tuple(torch.full_like(x, float("nan")) for x in (q, k, v))
+    opts = dict(softmax_scale=case.headdim**-0.5, causal=case.causal, window_size=case.window, softcap=case.softcap)
+    flashcute.flash_attn_bwd(dout, q, k, v, out, lse, deterministic=True, dq=grads[0], dk=grads[1], dv=grads[2],
+                             **opts)
+    torch.cuda.synchronize()
+    result = check_gradients(tuple(g.cpu() for g in grads), dout.cpu(), *(x.cpu() for x in inputs), **opts)
+    return result.ok, ("grads " + result.summary()) if result.ok else result.message
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dtypes", default="bf16,fp16", help="comma-separated: bf16, fp16 (default both)")
     parser.add_argument("--only", default="", help="run only the cases whose name contains this")
     parser.add_argument("--sync-each", action="store_true", help="synchronise after every call (to attribute a fault)")
     parser.add_argument("--list", action="store_true", help="list the cases and exit")
+    parser.add_argument("--backward", action="store_true",
+                        help="also run flash_attn_bwd on every case and check dq, dk, dv")
     args = parser.parse_args(argv)
     cases = [c for c in CASES if args.only in c.name]
     if args.list:
@@ -169,6 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     passed = 0
     for case, dname, dtype, inputs, out, lse in launched:
         ok, note = check(case, dtype, inputs, out, lse)
+        if ok and args.backward:
+            ok, bwd_note = check_backward(case, inputs, out, lse)
+            note += "; " + bwd_note
         passed += ok
         if not ok:
             failed.append((case, dname, note))
