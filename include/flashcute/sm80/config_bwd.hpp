@@ -72,7 +72,8 @@ constexpr BwdConfig default_bwd_config(int head_dim) {
     case 64: return {.head_dim = head_dim, .kv_warps = 8, .kv_block_m = 64, .q_warps = 4, .q_block_n = 128};
     case 96:
     case 128: return {.head_dim = head_dim, .kv_warps = 8, .kv_block_m = 64, .q_warps = 4, .q_block_n = 64};
-    case 192: return {.head_dim = 192, .kv_warps = 4, .kv_block_m = 64, .d_split = 2, .q_warps = 4, .q_block_n = 64};
+    // d_split 3, not 2: a 96-column part would straddle the 64-column shared-memory row atoms.
+    case 192: return {.head_dim = 192, .kv_warps = 4, .kv_block_m = 64, .d_split = 3, .q_warps = 4, .q_block_n = 64};
     case 256: return {.head_dim = 256, .kv_warps = 4, .kv_block_m = 64, .d_split = 2, .q_warps = 4, .q_block_n = 64};
     default: return {.head_dim = 0, .kv_warps = 0, .kv_block_m = 0, .q_warps = 0, .q_block_n = 0};
   }
