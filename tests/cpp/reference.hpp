@@ -97,4 +97,78 @@ inline Attention attention(const Problem& p, const Get& q, const Get& k, const G
   return a;
 }
 
+constexpr double kGradAtol = 1e-4;
+
+// dq, dk, dv in q's and k's (b, s, h, d) row-major shapes.
+struct Gradients {
+  std::vector<double> dq, dk, dv;
+};
+
+// The gradients of attention(p, q, k, v) for the output gradient dout. round_to: nullptr for the
+// double reference; else the naive low-precision backward, which rounds to that dtype what torch
+// autograd of the naive attention would (scores, probabilities, dP, dS, the softcap's derivative
+// step, and each gradient at the end).
+inline Gradients attention_grads(const Problem& p, const Get& q, const Get& k, const Get& v, const Get& dout,
+                                 const flashcute::DType* round_to) {
+  auto rnd = [&](double x) { return round_to ? double(to_float(from_float(float(x), *round_to), *round_to)) : x; };
+  const int group = p.nheads / p.nheads_k;
+  const int window_right = p.causal ? 0 : p.window_right;
+  const int d_ = p.head_dim;
+  Gradients g;
+  g.dq.assign(size_t(p.batch) * p.seqlen_q * p.nheads * d_, 0.0);
+  g.dk.assign(size_t(p.batch) * p.seqlen_k * p.nheads_k * d_, 0.0);
+  g.dv.assign(g.dk.size(), 0.0);
+  std::vector<double> scores(p.seqlen_k), tanhs(p.seqlen_k), probs(p.seqlen_k), dps(p.seqlen_k), qs(d_), dq(d_);
+  for (int b = 0; b < p.batch; ++b)
+    for (int h = 0; h < p.nheads; ++h)
+      for (int i = 0; i < p.seqlen_q; ++i) {
+        const int hk = h / group;
+        const int diag = i + p.seqlen_k - p.seqlen_q;
+        const int lo = std::max(0, p.window_left >= 0 ? diag - p.window_left : 0);
+        const int hi = std::min(p.seqlen_k - 1, window_right >= 0 ? diag + window_right : p.seqlen_k - 1);
+        if (lo > hi) continue;  // sees no key: no gradient
+        for (int d = 0; d < d_; ++d) qs[d] = rnd(double(q(b, i, h, d)) * p.scale);
+        double max_score = -INFINITY;
+        for (int j = lo; j <= hi; ++j) {
+          double s = 0;
+          for (int d = 0; d < d_; ++d) s += qs[d] * k(b, j, hk, d);
+          s = rnd(s);
+          if (p.softcap > 0.f) {
+            tanhs[j] = std::tanh(s / p.softcap);
+            s = rnd(p.softcap * tanhs[j]);
+          }
+          scores[j] = s;
+          max_score = std::max(max_score, s);
+        }
+        double sum = 0;
+        for (int j = lo; j <= hi; ++j) sum += std::exp(scores[j] - max_score);
+        double dsum = 0;
+        for (int j = lo; j <= hi; ++j) {
+          probs[j] = std::exp(scores[j] - max_score) / sum;
+          double dp = 0;
+          for (int d = 0; d < d_; ++d) dp += double(dout(b, i, h, d)) * v(b, j, hk, d);
+          dps[j] = rnd(dp);
+          dsum += probs[j] * dps[j];
+        }
+        std::fill(dq.begin(), dq.end(), 0.0);
+        for (int j = lo; j <= hi; ++j) {
+          double ds = rnd(probs[j] * (dps[j] - dsum));
+          if (p.softcap > 0.f) ds = rnd(ds * (1 - tanhs[j] * tanhs[j]));
+          const double pj = rnd(probs[j]);
+          double* dk = &g.dk[((size_t(b) * p.seqlen_k + j) * p.nheads_k + hk) * d_];
+          double* dv = &g.dv[((size_t(b) * p.seqlen_k + j) * p.nheads_k + hk) * d_];
+          for (int d = 0; d < d_; ++d) {
+            dq[d] += ds * k(b, j, hk, d);
+            dk[d] += ds * qs[d];
+            dv[d] += pj * dout(b, i, h, d);
+          }
+        }
+        double* out = &g.dq[((size_t(b) * p.seqlen_q + i) * p.nheads + h) * d_];
+        for (int d = 0; d < d_; ++d) out[d] = rnd(rnd(dq[d]) * p.scale);
+      }
+  for (double* x : {g.dk.data(), g.dv.data()})
+    for (size_t n = 0; n < g.dk.size(); ++n) x[n] = rnd(x[n]);
+  return g;
+}
+
 }  // namespace fctest

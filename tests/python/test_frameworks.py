@@ -144,6 +144,36 @@ def test_jax_jit_matches_eager(jax, require_kernel):
     assert check.ok, check.message
 
 
+@pytest.mark.parametrize("window, softcap", [((-1, -1), 0.0), ((50, 10), 20.0)], ids=["causal", "window-softcap"])
+def test_jax_jit_grad(jax, torch, require_kernel, window, softcap):
+    """jax.jit(jax.grad(...)) through the bwd FFI handler: checked by the rule, and the same bits as
+    torch autograd on the same inputs (one kernel); vmap of the grad folds into the batch."""
+    require_kernel("bfloat16", 128)
+    from flashcute.testing import check_gradients
+
+    jnp = jax.numpy
+    q, k, v = _jax_inputs(jax, (2, 300, 8, 128), (2, 200, 2, 128), 8)
+    dout = _jax_inputs(jax, (2, 300, 8, 128), (1,), 9)[0]
+    opts = dict(causal=True, window_size=window, softcap=softcap)
+
+    def loss(q, k, v):
+        return (flashcute.flash_attn_func(q, k, v, **opts).astype(jnp.float32) * dout.astype(jnp.float32)).sum()
+
+    grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+    t = [torch.from_dlpack(x) for x in (q, k, v, dout)]
+    leaves = [x.clone().requires_grad_() for x in t[:3]]
+    flashcute.flash_attn_func(*leaves, **opts).backward(t[3])
+    for g, leaf in zip(grads, leaves):
+        assert torch.equal(torch.from_dlpack(g), leaf.grad)
+    check = check_gradients(tuple(torch.from_dlpack(g) for g in grads), *t[3:], *t[:3], **opts)
+    assert check.ok, check.message
+    # vmap over a leading axis of 2 of the same problem: each slice gets the same gradients.
+    stacked = [jnp.stack([x, x]) for x in (q, k, v)]
+    vgrads = jax.jit(jax.vmap(jax.grad(loss, argnums=(0, 1, 2))))(*stacked)
+    for vg, g in zip(vgrads, grads):
+        assert bool(jnp.array_equal(vg[0], g)) and bool(jnp.array_equal(vg[1], g))
+
+
 def test_jax_scan(jax, require_kernel):
     """Inside lax.scan under jit: each step is the same as the call on its own."""
     require_kernel("bfloat16", 64)

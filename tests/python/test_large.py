@@ -58,3 +58,36 @@ def test_past_2_31_elements(torch, require_kernel, causal, window):
                                 what=f"out head {h}")
         assert check.ok, check.message
         torch.cuda.empty_cache()
+
+
+def test_backward_past_2_31_elements(torch, require_kernel):
+    """The backward at the same size (window 1000): dq, dk, dv (2^31 elements each) start as NaN;
+    every element must be written and finite, and heads 0 and 1023 match the rule."""
+    from flashcute.testing import check_gradients
+
+    require_kernel("bfloat16", D)
+    torch.cuda.empty_cache()
+    free, _ = torch.cuda.mem_get_info()
+    if free < 44 * GiB:
+        pytest.skip(f"needs 44 GiB of free GPU memory, {free / GiB:.1f} GiB free")
+    window = (1000, 1000)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    qkv = torch.empty(B, S, 3, H, D, device="cuda", dtype=torch.bfloat16)
+    dout = torch.empty(B, S, H, D, device="cuda", dtype=torch.bfloat16)
+    for t in [qkv[:, :, i] for i in range(3)] + [dout]:
+        for h0 in range(0, H, 128):
+            t[:, :, h0:h0 + 128] = torch.randn(B, S, 128, D, device="cuda", generator=g)
+    q, k, v = qkv.unbind(2)
+    out, lse = flashcute.flash_attn_func(q, k, v, window_size=window, return_lse=True)
+    dq, dk, dv = (torch.full((B, S, H, D), float("nan"), device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    flashcute.flash_attn_bwd(dout, q, k, v, out, lse, window_size=window, dq=dq, dk=dk, dv=dv)
+    torch.cuda.synchronize()
+    for name, t in (("dq", dq), ("dk", dk), ("dv", dv)):
+        for h0 in range(0, H, 64):
+            assert bool(torch.isfinite(t[:, :, h0:h0 + 64]).all()), f"{name}: non-finite in heads {h0}..{h0 + 63}"
+    for h in (0, H - 1):
+        sl = slice(h, h + 1)
+        check = check_gradients((dq[:, :, sl], dk[:, :, sl], dv[:, :, sl]), dout[:, :, sl], q[:, :, sl], k[:, :, sl],
+                                v[:, :, sl], window_size=window)
+        assert check.ok, f"head {h}: {check.message}"
+        torch.cuda.empty_cache()
