@@ -183,6 +183,26 @@ def test_flops_like_flashattention():
     assert tflops(full.flops, 1.5) == pytest.approx(full.flops / 1.5e-3 / 1e12)
 
 
+def test_backward_passes_count_flops_like_flashattention():
+    fwd = Point("bf16", 128, True, 4096, 4, 16, 16)
+    assert Point("bf16", 128, True, 4096, 4, 16, 16, "bwd").flops == int(2.5 * fwd.flops)
+    assert Point("bf16", 128, True, 4096, 4, 16, 16, "fwd+bwd").flops == int(3.5 * fwd.flops)
+    assert Point("bf16", 128, True, 4096, 4, 16, 16, "bwd").label.endswith(" bwd")
+    assert fwd.label.endswith("h=16")
+
+
+def test_pass_option():
+    assert cli.parse_args([]).grid.pass_ == "fwd"
+    for name in ("bwd", "fwd+bwd"):
+        cfg = cli.parse_args(["--pass", name, "--quick"])
+        assert cfg.grid.pass_ == name and all(p.pass_ == name for p in build_grid(cfg.grid))
+    with pytest.raises(SystemExit):
+        cli.parse_args(["--pass", "backward"])
+    # The backward passes go through torch autograd: CuPy arrays cannot time them.
+    assert IMPLS["flashcute"].supports("torch", "bwd") and not IMPLS["flashcute"].supports("cupy", "bwd")
+    assert IMPLS["flashcute"].supports("cupy", "fwd")
+
+
 def test_input_rotation_only_when_l2_resident():
     mib = 1 << 20
     assert timing.input_sets_needed(256 * mib, 50 * mib) == 1  # the FA grid: 4 x 64 MiB
@@ -374,7 +394,7 @@ def test_main_exit_code_3_when_flashcute_is_wrong_and_the_run_goes_on(fake_gpu, 
 
 def test_main_with_no_impl_for_the_library(fake_gpu, capsys, tmp_path):
     assert cli.main(["--impls", "sdpa-flash", "--out-dir", str(tmp_path)]) == 2
-    assert "none of --impls sdpa-flash can run on numpy arrays" in capsys.readouterr().err
+    assert "none of --impls sdpa-flash can run --pass fwd on numpy arrays" in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------------------- reports

@@ -1,6 +1,7 @@
 """The correctness check run before timing, with the project's shared reference and rule
-(:func:`flashcute.testing.check_attention`), on the whole output when the problem is small and
-otherwise on batch 0 and two heads: the first and the last, so two different KV heads under GQA.
+(:func:`flashcute.testing.check_attention`, and ``check_gradients`` for the backward passes), on the
+whole output when the problem is small and otherwise on batch 0 and two heads: the first and the
+last, so two different KV heads under GQA.
 """
 
 from __future__ import annotations
@@ -35,6 +36,23 @@ def check_slice(point: Point) -> CheckSlice:
         return CheckSlice("full", slice(0, point.batch), list(range(point.nheads)))
     heads = sorted({0, point.nheads - 1})
     return CheckSlice(f"b0 h{heads}", slice(0, 1), heads)
+
+
+def check_gradients(grads: Any, inputs: Inputs, dout: Any, point: Point, softmax_scale: float) -> tuple[Check, str]:
+    """(verdict, scope) for (dq, dk, dv) in (b, s, h, d) layout. On a slice of heads, dk and dv of a
+    KV head shared by query heads outside the slice (GQA) are partial: then only dq is checked."""
+    from flashcute.testing import check_gradients as check
+
+    sl = check_slice(point)
+    group = point.nheads // point.nheads_k
+    kv_heads = [h // group for h in sl.heads]
+    b, h = sl.batches, sl.heads
+    parts = ("dq", "dk", "dv") if sl.scope == "full" or group == 1 else ("dq",)
+    dq, dk, dv = grads
+    result = check((dq[b][:, :, h], dk[b][:, :, kv_heads], dv[b][:, :, kv_heads]), dout[b][:, :, h],
+                   inputs.q[b][:, :, h], inputs.k[b][:, :, kv_heads], inputs.v[b][:, :, kv_heads],
+                   causal=point.causal, softmax_scale=softmax_scale, parts=parts)
+    return result, sl.scope + ("" if len(parts) == 3 else " (dq)")
 
 
 def check_output(out: Any, inputs: Inputs, point: Point, softmax_scale: float) -> tuple[Check, str]:

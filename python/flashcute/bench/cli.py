@@ -16,7 +16,7 @@ import flashcute
 from . import timing
 from .arrays import ArrayLib, DeviceInfo, LibraryUnavailable, select_array_lib, versions
 from .files import output_stem, write_csv, write_json, write_plot
-from .grid import FA_HIDDEN, FA_TOKENS, FLOPS_FORMULA, GridSpec, build_grid
+from .grid import FA_HIDDEN, FA_TOKENS, FLOPS_FORMULA, PASSES, GridSpec, build_grid
 from .impls import IMPLS
 from .report import PROG, Console, point_line, summary_line, table_rows
 from .results import NOT_AVAILABLE, PointResult
@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The command-line interface. Grid options default to None so that --quick can fill them."""
     p = argparse.ArgumentParser(
         prog=f"python -m {PROG}",
-        description="Benchmark flashcute's forward pass against torch SDPA, "
+        description="Benchmark flashcute's forward or backward pass against torch SDPA, "
         "after checking it against a float32 reference.",
         epilog="Exit codes: 0 ok; 1 no usable GPU / flashcute not built; 2 usage error or no torch/CuPy; "
         "3 a flashcute correctness check failed or flashcute raised.",
@@ -77,6 +77,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--batch", type=int, help="fixed batch size instead of the FA grid's")
     g.add_argument("--nheads", type=int, help="fixed number of query heads instead of the FA grid's")
     g.add_argument("--nheads-k", type=int, help="number of KV heads (GQA/MQA); default: nheads")
+    g.add_argument(
+        "--pass",
+        dest="pass_",
+        choices=PASSES,
+        default="fwd",
+        help="what is timed: the forward (default), the backward alone (after one untimed forward; "
+        "FLOPs 2.5x the forward's), or both (3.5x); the backward passes need torch",
+    )
     g.add_argument(
         "--quick",
         action="store_true",
@@ -142,6 +150,7 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
         batch=a.batch,
         nheads=a.nheads,
         nheads_k=a.nheads_k,
+        pass_=a.pass_,
     )
     return BenchConfig(grid, a.warmup, a.iters, tuple(a.impls), a.framework, a.seed, a.out_dir, not a.no_plot)
 
@@ -203,7 +212,8 @@ def write_outputs(
     write_json(stem.with_suffix(".json"), results, meta)
     written = [stem.with_suffix(".csv"), stem.with_suffix(".json")]
     if cfg.plot:
-        if write_plot(stem.with_suffix(".png"), results, impls, f"flashcute forward on {meta['gpu']['name']}"):
+        what = {"fwd": "forward", "bwd": "backward", "fwd+bwd": "forward + backward"}[cfg.grid.pass_]
+        if write_plot(stem.with_suffix(".png"), results, impls, f"flashcute {what} on {meta['gpu']['name']}"):
             written.append(stem.with_suffix(".png"))
         else:
             console.log(f"{PROG}: matplotlib is not installed: no plot")
@@ -219,9 +229,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ValueError as exc:
             raise BenchExit(EXIT_USAGE, str(exc)) from None
         lib, device = find_device(cfg.framework)
-        impls = [IMPLS[name] for name in cfg.impls if IMPLS[name].supports(lib.name)]
+        impls = [IMPLS[name] for name in cfg.impls if IMPLS[name].supports(lib.name, cfg.grid.pass_)]
         if not impls:
-            raise BenchExit(EXIT_USAGE, f"none of --impls {_csv(cfg.impls)} can run on {lib.name} arrays")
+            raise BenchExit(
+                EXIT_USAGE, f"none of --impls {_csv(cfg.impls)} can run --pass {cfg.grid.pass_} on {lib.name} arrays"
+            )
     except BenchExit as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return exc.code
@@ -249,7 +261,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     console.log(f"  {name} n/a: {r.note}")
             advance()
 
-    console.table(f"flashcute forward, TFLOP/s (median of {cfg.iters}) on {device.name}", *table_rows(results, names))
+    what = {"fwd": "forward", "bwd": "backward", "fwd+bwd": "forward + backward"}[cfg.grid.pass_]
+    console.table(f"flashcute {what}, TFLOP/s (median of {cfg.iters}) on {device.name}", *table_rows(results, names))
     write_outputs(console, cfg, results, names, metadata(cfg, argv, lib, device))
     console.log(summary_line(results, device.name))
     return EXIT_CHECK_FAILED if any(pr.failed for pr in results) else EXIT_OK

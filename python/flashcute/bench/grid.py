@@ -9,7 +9,12 @@ from dataclasses import dataclass
 FA_TOKENS = 16384
 FA_HIDDEN = 2048
 
-FLOPS_FORMULA = "4 * batch * nheads * seqlen_q * seqlen_k * headdim, halved when causal"
+FLOPS_FORMULA = ("4 * batch * nheads * seqlen_q * seqlen_k * headdim, halved when causal; "
+                 "times 2.5 for the backward, 3.5 for forward + backward")
+
+# What a point times: the forward, the backward alone (after one untimed forward), or both.
+PASSES = ("fwd", "bwd", "fwd+bwd")
+PASS_FLOPS = {"fwd": 1.0, "bwd": 2.5, "fwd+bwd": 3.5}  # FlashAttention's convention: backward = 2.5x forward
 
 
 def attention_flops(batch: int, nheads: int, seqlen_q: int, seqlen_k: int, headdim: int, causal: bool) -> int:
@@ -34,6 +39,7 @@ class GridSpec:
     batch: int | None = None  # None: FA_TOKENS // seqlen
     nheads: int | None = None  # None: FA_HIDDEN // headdim
     nheads_k: int | None = None  # None: nheads
+    pass_: str = "fwd"  # one of PASSES
 
 
 @dataclass(frozen=True)
@@ -47,10 +53,12 @@ class Point:
     batch: int
     nheads: int
     nheads_k: int
+    pass_: str = "fwd"  # one of PASSES
 
     @property
     def flops(self) -> int:
-        return attention_flops(self.batch, self.nheads, self.seqlen, self.seqlen, self.headdim, self.causal)
+        fwd = attention_flops(self.batch, self.nheads, self.seqlen, self.seqlen, self.headdim, self.causal)
+        return int(fwd * PASS_FLOPS[self.pass_])
 
     @property
     def heads(self) -> str:
@@ -60,7 +68,8 @@ class Point:
     @property
     def label(self) -> str:
         mask = "causal" if self.causal else "full"
-        return f"{self.dtype} d={self.headdim} {mask} s={self.seqlen} b={self.batch} h={self.heads}"
+        label = f"{self.dtype} d={self.headdim} {mask} s={self.seqlen} b={self.batch} h={self.heads}"
+        return label if self.pass_ == "fwd" else f"{label} {self.pass_}"
 
 
 def build_grid(spec: GridSpec) -> list[Point]:
@@ -75,5 +84,5 @@ def build_grid(spec: GridSpec) -> list[Point]:
                     nheads_k = spec.nheads_k if spec.nheads_k is not None else nheads
                     if nheads % nheads_k:
                         raise ValueError(f"nheads ({nheads} at d={d}) is not a multiple of --nheads-k {nheads_k}")
-                    points.append(Point(dtype, d, causal, s, batch, nheads, nheads_k))
+                    points.append(Point(dtype, d, causal, s, batch, nheads, nheads_k, spec.pass_))
     return points

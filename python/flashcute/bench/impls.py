@@ -32,8 +32,9 @@ def _same(out: Any) -> Any:
 class Runner:
     """Calls of one implementation at one point, and how to read their output."""
 
-    calls: list[Callable[[], Any]]  # one per input set; each returns the output
+    calls: list[Callable[[], Any]]  # one per input set; each returns the output (bwd passes: (dq, dk, dv))
     to_bshd: Callable[[Any], Any] = _same  # a call's output -> (b, s, h, d)
+    douts: list[Any] | None = None  # bwd passes: the output gradient of each input set
     context: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext  # entered around the calls
     layout: str = ""  # how the inputs were passed, when that is a choice (SDPA: "view" or "contiguous")
 
@@ -43,9 +44,10 @@ class Impl(ABC):
 
     name: str
 
-    def supports(self, framework: str) -> bool:
-        """Whether it can run on arrays of `framework` ("torch" or "cupy")."""
-        return True
+    def supports(self, framework: str, pass_: str = "fwd") -> bool:
+        """Whether it can run `pass_` on arrays of `framework` ("torch" or "cupy"): the backward
+        passes go through torch autograd."""
+        return pass_ == "fwd" or framework == "torch"
 
     @abstractmethod
     def prepare(self, point: Point, input_sets: Sequence[Inputs], softmax_scale: float) -> Runner:
@@ -54,6 +56,28 @@ class Impl(ABC):
     def is_unsupported_error(self, exc: BaseException) -> bool:
         """Whether `exc`, raised by a call, means "cannot run this point" (n/a) rather than a bug."""
         return False
+
+
+def grad_runner(point: Point, input_sets: Sequence[Inputs], attn: Callable[[Any, Any, Any], Any], **kw: Any) -> Runner:
+    """The backward passes of a torch implementation: attn(q, k, v) -> out, all (b, s, h, d).
+
+    "bwd" runs the forward once here and times ``torch.autograd.grad(out, (q, k, v), dout,
+    retain_graph=True)``; "fwd+bwd" times the forward and that backward together. The calls return
+    (dq, dk, dv) in (b, s, h, d)."""
+    import torch
+
+    gen = torch.Generator(device=input_sets[0].q.device).manual_seed(point.seqlen * 7 + point.headdim)
+    calls, douts = [], []
+    for x in input_sets:
+        leaves = [t.detach().requires_grad_() for t in (x.q, x.k, x.v)]
+        dout = torch.randn(x.q.shape, generator=gen, device=x.q.device, dtype=torch.float32).to(x.q.dtype)
+        douts.append(dout)
+        if point.pass_ == "bwd":
+            out = attn(*leaves)
+            calls.append(lambda out=out, leaves=leaves, dout=dout: torch.autograd.grad(out, leaves, dout, retain_graph=True))
+        else:
+            calls.append(lambda leaves=leaves, dout=dout: torch.autograd.grad(attn(*leaves), leaves, dout))
+    return Runner(calls, douts=douts, **kw)
 
 
 class Flashcute(Impl):
@@ -78,6 +102,11 @@ class Flashcute(Impl):
                 x.q, x.k, x.v, softmax_scale=softmax_scale, causal=point.causal
             )
 
+        if point.pass_ != "fwd":
+            return grad_runner(point, input_sets,
+                               lambda q, k, v: flashcute.flash_attn_func(q, k, v, softmax_scale=softmax_scale,
+                                                                         causal=point.causal))
+
         return Runner([call(x) for x in input_sets])
 
     def is_unsupported_error(self, exc: BaseException) -> bool:
@@ -96,7 +125,7 @@ class Sdpa(Impl):
         self.name = name
         self.backend = backend  # a torch.nn.attention.SDPBackend member's name
 
-    def supports(self, framework: str) -> bool:
+    def supports(self, framework: str, pass_: str = "fwd") -> bool:
         return framework == "torch"
 
     def prepare(self, point: Point, input_sets: Sequence[Inputs], softmax_scale: float) -> Runner:
@@ -112,6 +141,14 @@ class Sdpa(Impl):
             return lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, **kwargs)
 
         def runner(layout: str) -> Runner:
+            if point.pass_ != "fwd":  # q, k, v as (b, s, h, d) leaves; SDPA sees them transposed
+                def attn(q: Any, k: Any, v: Any) -> Any:
+                    q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+                    if layout == "contiguous":
+                        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+                    return torch.nn.functional.scaled_dot_product_attention(q, k, v, **kwargs).transpose(1, 2)
+
+                return grad_runner(point, input_sets, attn, context=lambda: sdpa_kernel(backend), layout=layout)
             calls = []
             for x in input_sets:
                 q, k, v = (t.transpose(1, 2) for t in (x.q, x.k, x.v))
@@ -122,10 +159,11 @@ class Sdpa(Impl):
 
         reasons: dict[str, str] = {}
         for layout in ("view", "contiguous"):
-            candidate = runner(layout)
-            with warnings.catch_warnings(record=True) as caught, candidate.context():
+            # Under the backend: a backward pass runs its forward while the runner is made.
+            with warnings.catch_warnings(record=True) as caught, sdpa_kernel(backend):
                 warnings.simplefilter("always")
                 try:
+                    candidate = runner(layout)
                     candidate.calls[0]()
                     torch.cuda.synchronize()
                     return candidate

@@ -6,7 +6,7 @@ import math
 from collections.abc import Sequence
 
 from .arrays import ArrayLib, Inputs, Unsupported
-from .check import check_output
+from .check import check_gradients, check_output
 from .grid import Point
 from .impls import SUBJECT, Impl
 from .results import ERROR, FAIL, NOT_AVAILABLE, OK, ImplResult, PointResult
@@ -50,7 +50,10 @@ def run_impl(
         runner = impl.prepare(point, sets, scale)
         with runner.context():
             out = runner.calls[0]()
-            check, scope = check_output(runner.to_bshd(out), sets[0], point, scale)
+            if runner.douts is not None:
+                check, scope = check_gradients(out, sets[0], runner.douts[0], point, scale)
+            else:
+                check, scope = check_output(runner.to_bshd(out), sets[0], point, scale)
             del out
             times = time_calls(lib, runner.calls, warmup, iters)
     except Unsupported as exc:
