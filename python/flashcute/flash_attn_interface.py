@@ -146,6 +146,32 @@ def _as_real(name: str, value: Any) -> float:
     return float(value)
 
 
+def _parse_options(softmax_scale: Any, causal: Any, window_size: Any,
+                   softcap: Any) -> Tuple[Optional[float], bool, int, int, float]:
+    """The attention options both passes take, checked: (softmax_scale or None, causal,
+    window_left, window_right, softcap)."""
+    window_left, window_right = _parse_window_size(window_size)
+    softcap = _as_real("softcap", softcap)
+    if not 0 <= softcap < math.inf:  # comparisons, not math.isfinite: also fine under torch.compile
+        raise ValueError(f"softcap must be a finite number >= 0 (0 disables it), got {softcap!r}")
+    if softmax_scale is not None:
+        softmax_scale = _as_real("softmax_scale", softmax_scale)
+        if not 0 < softmax_scale < math.inf:
+            raise ValueError(f"softmax_scale must be a finite number > 0, got {softmax_scale!r}")
+    return softmax_scale, _as_bool("causal", causal), window_left, window_right, softcap
+
+
+def _kernel_args(q: Any, softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int,
+                 softcap: float) -> Tuple[float, bool, int, int, float]:
+    """The options as the bindings take them, the scale defaulting to 1 / sqrt(headdim) of q."""
+    if len(q.shape) != 4:
+        raise ValueError(f"q: expected 4 dims (batch, seqlen_q, nheads, headdim), got {len(q.shape)}")
+    if softmax_scale is None:
+        headdim = int(q.shape[3])
+        softmax_scale = 1.0 / math.sqrt(headdim) if headdim > 0 else 1.0  # headdim 0 is rejected by the validation
+    return (float(softmax_scale), causal, window_left, window_right, softcap)
+
+
 def _parse_stream(stream: Any) -> Optional[int]:
     """The stream handle as an int, or None for "the framework's current stream"."""
     if stream is None:
@@ -398,15 +424,8 @@ def flash_attn_func(
         raise NotImplementedError("alibi_slopes: flashcute has no ALiBi yet, so alibi_slopes must be None")
     _as_bool("deterministic", deterministic)  # the forward pass is deterministic either way
     return_attn_probs = _as_bool("return_attn_probs", return_attn_probs)
-    window_left, window_right = _parse_window_size(window_size)
-    softcap = _as_real("softcap", softcap)
-    if not 0 <= softcap < math.inf:  # comparisons, not math.isfinite: also fine under torch.compile
-        raise ValueError(f"softcap must be a finite number >= 0 (0 disables it), got {softcap!r}")
-    if softmax_scale is not None:
-        softmax_scale = _as_real("softmax_scale", softmax_scale)
-        if not 0 < softmax_scale < math.inf:
-            raise ValueError(f"softmax_scale must be a finite number > 0, got {softmax_scale!r}")
-    causal = _as_bool("causal", causal)
+    softmax_scale, causal, window_left, window_right, softcap = _parse_options(softmax_scale, causal, window_size,
+                                                                               softcap)
     return_lse = _as_bool("return_lse", return_lse)
     stream = _parse_stream(stream)
 
@@ -419,13 +438,7 @@ def flash_attn_func(
                 f"{name}: is a {_type_name(x)} but q is a {_type_name(q)}; q, k, v and out must come "
                 "from the same framework"
             )
-    if len(q.shape) != 4:
-        raise ValueError(f"q: expected 4 dims (batch, seqlen_q, nheads, headdim), got {len(q.shape)}")
-    if softmax_scale is None:
-        headdim = int(q.shape[3])
-        softmax_scale = 1.0 / math.sqrt(headdim) if headdim > 0 else 1.0  # headdim 0 is rejected by the validation
-
-    args = (float(softmax_scale), causal, window_left, window_right, softcap)
+    args = _kernel_args(q, softmax_scale, causal, window_left, window_right, softcap)
     out, lse = _RUNNERS[fw](q, k, v, out, return_lse or return_attn_probs, stream, args)
     if return_attn_probs:
         return out, lse, None
@@ -498,15 +511,8 @@ def flash_attn_bwd(
     Memory: a float32 workspace of batch_size * nheads * seqlen_q elements, besides the outputs.
     Raises the same errors as ``flash_attn_func``, naming the argument.
     """
-    window_left, window_right = _parse_window_size(window_size)
-    softcap = _as_real("softcap", softcap)
-    if not 0 <= softcap < math.inf:
-        raise ValueError(f"softcap must be a finite number >= 0 (0 disables it), got {softcap!r}")
-    if softmax_scale is not None:
-        softmax_scale = _as_real("softmax_scale", softmax_scale)
-        if not 0 < softmax_scale < math.inf:
-            raise ValueError(f"softmax_scale must be a finite number > 0, got {softmax_scale!r}")
-    causal = _as_bool("causal", causal)
+    softmax_scale, causal, window_left, window_right, softcap = _parse_options(softmax_scale, causal, window_size,
+                                                                               softcap)
     deterministic = _as_bool("deterministic", deterministic)
     stream = _parse_stream(stream)
 
@@ -519,12 +525,7 @@ def flash_attn_bwd(
             raise TypeError(
                 f"{name}: is a {_type_name(x)} but q is a {_type_name(q)}; all arrays must come from the same framework"
             )
-    if len(q.shape) != 4:
-        raise ValueError(f"q: expected 4 dims (batch, seqlen_q, nheads, headdim), got {len(q.shape)}")
-    if softmax_scale is None:
-        headdim = int(q.shape[3])
-        softmax_scale = 1.0 / math.sqrt(headdim) if headdim > 0 else 1.0
-    args = (float(softmax_scale), causal, window_left, window_right, softcap)
+    args = _kernel_args(q, softmax_scale, causal, window_left, window_right, softcap)
     if fw == _TORCH:
         from ._torch import flash_attn_bwd as run
 
