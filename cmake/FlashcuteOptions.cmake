@@ -20,7 +20,7 @@ endif()
 option(FLASHCUTE_BACKWARD "Build the backward kernels (dq, dk, dv) beside the forward ones" ON)
 option(FLASHCUTE_BUILD_PYTHON "Build the Python extension flashcute._C" ${_flashcute_python_default})
 option(FLASHCUTE_BUILD_TESTS "Build the C++ tests and register them with ctest" OFF)
-option(FLASHCUTE_BUILD_TUNING "Build benchmarks/tune_fwd (tile-config sweeps; on with the tests, so CI compiles it)"
+option(FLASHCUTE_BUILD_TUNING "Build benchmarks/tune_fwd and tune_bwd (tile-config sweeps; on with the tests, so CI compiles them)"
        ${FLASHCUTE_BUILD_TESTS})
 option(FLASHCUTE_PTXAS_VERBOSE "Print each kernel's register and shared-memory use (-Xptxas -v)" OFF)
 
