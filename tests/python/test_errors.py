@@ -586,6 +586,46 @@ def test_fwd_raw_validates_before_any_cuda_call():
         fwd_raw(q, _desc((2, 100, 4, 64), ptr=0x20000), _desc((2, 100, 4, 64), ptr=0x20000), softcap=-1.0)
 
 
+def test_bwd_raw_names_each_new_argument():
+    # The backward's entry (flash_attn_bwd's torch path): plan_bwd checks the forward's arrays by the
+    # forward's rules, then each new one by name, before any CUDA call.
+    if "float16" not in _C.compiled_dtypes() or _C.kernel_head_dim(64) != 64:
+        pytest.skip("needs this build's float16 head-dim-64 kernels (the forward's arrays are checked first)")
+    b, s, h, hk, d = 2, 128, 8, 4, 64
+    good = dict(
+        dout=_desc((b, s, h, d), ptr=0x60000), q=_desc((b, s, h, d)), k=_desc((b, 100, hk, d), ptr=0x20000),
+        v=_desc((b, 100, hk, d), ptr=0x30000), out=_desc((b, s, h, d), ptr=0x40000),
+        lse=_desc((b, h, s), "float32", ptr=0x50000), dq=_desc((b, s, h, d), ptr=0x70000),
+        dk=_desc((b, 100, hk, d), ptr=0x80000), dv=_desc((b, 100, hk, d), ptr=0x90000),
+        workspace=_desc((_C.bwd_workspace_floats(b, h, s),), "float32", ptr=0xa0000),
+    )
+
+    def bwd_raw(**replace):
+        arrays = {**good, **replace}
+        return _C.bwd_raw(*arrays.values(), 0.125, False, -1, -1, 0.0, False, 0, 0, False)
+
+    with raises(ValueError, "dout: expected shape (2, 128, 8, 64) like q, got (2, 128, 8, 32)"):
+        bwd_raw(dout=_desc((b, s, h, 32), ptr=0x60000))
+    with raises(TypeError, "dout: expected float16 like q, got bfloat16"):
+        bwd_raw(dout=_desc((b, s, h, d), "bfloat16", ptr=0x60000))
+    with raises(ValueError, "dout: the last dim must be contiguous"):
+        bwd_raw(dout=_desc((b, s, h, d), ptr=0x60000, strides=(s * h * d * 2, h * d * 2, d * 2, 2)))
+    with raises(TypeError, "lse: expected float32 (batch, nheads, seqlen_q)", "got dtype float16"):
+        bwd_raw(lse=_desc((b, h, s), "float16", ptr=0x50000))
+    with raises(ValueError, "lse: expected float32 (batch, nheads, seqlen_q)", "shape (2, 8, 127)"):
+        bwd_raw(lse=_desc((b, h, s - 1), "float32", ptr=0x50000))
+    with raises(ValueError, "dq: expected shape (2, 128, 8, 64) like q"):
+        bwd_raw(dq=_desc((b, s, h - 1, d), ptr=0x70000))
+    with raises(ValueError, "dk: expected shape (2, 100, 4, 64) like k"):
+        bwd_raw(dk=_desc((b, 100, h, d), ptr=0x80000))
+    with raises(TypeError, "dv: expected float16 like v, got float32"):
+        bwd_raw(dv=_desc((b, 100, hk, d), "float32", ptr=0x90000))
+    with raises(ValueError, "workspace: expected float32 with at least"):
+        bwd_raw(workspace=_desc((7,), "float32", ptr=0xa0000))
+    with raises(ValueError, "k: batch 3 does not match q's batch 2"):  # the forward's rules come first
+        bwd_raw(k=_desc((3, 100, hk, d), ptr=0x20000), v=_desc((3, 100, hk, d), ptr=0x30000))
+
+
 def test_check_fwd_is_the_same_validation():
     shapes = ((2, 128, 8, 64), (2, 100, 3, 64), (2, 100, 3, 64))
     with raises(ValueError, "nheads (8) must be a multiple of nheads_k (3)"):
