@@ -51,10 +51,11 @@ def _launch(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Optional[Tensor],
                check_stream_device)
 
 
-def _cuda_index(q: Tensor, k: Tensor, v: Tensor, out: Optional[Tensor] = None) -> int:
-    """The index of the one CUDA device all of them are on; raises naming the first one that is not."""
+def _cuda_index(q: Tensor, k: Tensor, v: Tensor, out: Optional[Tensor] = None, *more: Tuple[str, Tensor]) -> int:
+    """The index of the one CUDA device all of them are on; raises naming the first one that is not.
+    more: further (name, tensor) pairs."""
     index = q.get_device()
-    for name, t in (("q", q), ("k", k), ("v", v), ("out", out)):
+    for name, t in (("q", q), ("k", k), ("v", v), ("out", out), *more):
         if t is None:
             continue
         if not t.is_cuda:
@@ -154,7 +155,7 @@ def _bwd_cuda(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: T
               causal: bool, window_left: int, window_right: int, softcap: float,
               deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
     """flashcute::bwd: (dq, dk, dv) from dout and the forward's q, k, v, out and lse."""
-    index = _cuda_index(q, k, v, out)
+    index = _cuda_index(q, k, v, out, ("dout", dout), ("lse", lse))
     dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
     _bwd_launch(dout, q, k, v, out, lse, dq, dk, dv, (softmax_scale, causal, window_left, window_right, softcap),
                 deterministic, index, _current_stream(index), False)
@@ -269,14 +270,7 @@ def flash_attn_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, l
                 "traced op allocates its outputs and runs on the current stream); call without them there"
             )
         return _bwd_op(dout, q, k, v, out, lse, *args, deterministic)
-    index = _cuda_index(q, k, v)
-    for name, t in (("dout", dout), ("out", out), ("lse", lse), ("dq", dq), ("dk", dk), ("dv", dv)):
-        if t is None:
-            continue
-        if not t.is_cuda:
-            raise TypeError(f"{name}: expected a CUDA array, got a {t.device.type.upper()} torch.Tensor")
-        if t.get_device() != index:
-            raise ValueError(f"{name}: on {t.device} but q is on {q.device}")
+    index = _cuda_index(q, k, v, out, ("dout", dout), ("lse", lse), ("dq", dq), ("dk", dk), ("dv", dv))
     current = _current_stream(index)
     launch_stream = current if stream is None else stream
     ctx = None

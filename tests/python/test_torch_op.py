@@ -135,3 +135,10 @@ def test_eager_meta_tensors_are_not_cuda():
     # Outside a tracer, a plain eager call on meta tensors is an ordinary non-CUDA tensor.
     with pytest.raises(TypeError, match="q: expected a CUDA array, got a META torch.Tensor"):
         attn(meta(1, 16, 2, 64), meta(1, 16, 2, 64), meta(1, 16, 2, 64))
+
+
+def test_flash_attn_bwd_refuses_cpu_tensors():
+    q = torch.randn(1, 16, 2, 64, dtype=torch.float16)
+    lse = torch.zeros(1, 2, 16)
+    with pytest.raises(TypeError, match="q: expected a CUDA array, got a CPU torch.Tensor"):
+        flashcute.flash_attn_bwd(q, q, q, q, q, lse)
