@@ -10,8 +10,9 @@ synchronisation. XLA allocates the outputs.
   naming the argument as the other frameworks, at trace time.
 - **vmap.** A vmapped leading axis is folded into the batch (``jax.custom_batching.custom_vmap``):
   one launch over ``vmap_size * batch``, not a loop. Unbatched operands are broadcast first.
-- **grad.** The call is a ``jax.custom_vjp`` whose backward raises until flashcute has a backward
-  pass; the backward issue plugs its FFI handler in there.
+- **grad.** The call is a ``jax.custom_vjp``: the forward keeps q, k, v, out and lse, and the
+  backward is a second FFI handler (``flashcute_bwd``), folded over vmapped axes like the forward.
+  The lse is not differentiable (its cotangent is ignored), as in FlashAttention-2.
 
 Imported by flashcute only when a jax.Array is passed, so ``import flashcute`` never imports JAX.
 """

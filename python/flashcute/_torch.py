@@ -11,9 +11,12 @@ outputs with torch on the current stream and launch there, through ``flashcute._
 ``flash_attn_func`` on torch tensors goes through the ops whenever something may be tracing it:
 under ``torch.compile``/``torch.export``, with a dispatch mode active (FakeTensorMode, FlopCounter,
 ...) and for tensor subclasses. Plain eager calls take a fast path to the same ``fwd_raw`` that
-skips the op dispatcher; the kernel, the validation and the stream are the same either way. The
-backward pass will register its gradient on ``fwd_lse`` (``register_autograd``); until then, inputs
-that require grad are refused.
+skips the op dispatcher; the kernel, the validation and the stream are the same either way.
+
+Gradients: when q, k or v requires grad, ``flash_attn_func`` calls ``fwd_lse``, whose autograd
+formula (``register_autograd``) runs a third op, ``flashcute::bwd`` (dq, dk, dv), so training works
+eagerly and under ``torch.compile``. ``flash_attn_bwd`` on torch tensors calls ``flashcute::bwd``
+under tracing and launches directly otherwise.
 
 Imported by flashcute only when a torch tensor is passed, so ``import flashcute`` never imports torch.
 """

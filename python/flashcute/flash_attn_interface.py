@@ -359,7 +359,9 @@ def flash_attn_func(
         window_size: (left, right). If not (-1, -1), implements sliding window local attention.
         softcap: float. Anything > 0 activates softcapping: scores = softcap * tanh(scores / softcap).
         alibi_slopes: not supported yet: only None is accepted (NotImplementedError otherwise).
-        deterministic: bool. Accepted for compatibility; the forward pass is always deterministic.
+        deterministic: bool. Accepted for compatibility: flashcute's forward and backward are
+            always deterministic (the backward writes every gradient element from one thread
+            block, without atomics).
         return_attn_probs: bool. As in FlashAttention-2, return ``(out, softmax_lse, None)``: the
             logsumexp, and None where FlashAttention-2 returns the dropout mask (it has one only
             with dropout_p > 0, which flashcute does not support).
@@ -387,8 +389,12 @@ def flash_attn_func(
 
     JAX: the call is an XLA FFI custom call, so it works eagerly (without blocking the host) and
     under ``jax.jit``, ``lax.scan`` and ``jax.vmap`` (a vmapped axis is folded into the batch);
-    ``jax.grad`` raises NotImplementedError until flashcute has a backward pass. Bad input raises
-    the same errors at trace time.
+    ``jax.grad`` runs flashcute's backward through a second FFI call. Bad input raises the same
+    errors at trace time.
+
+    Gradients: the output is differentiable with respect to q, k and v (torch autograd, also under
+    ``torch.compile``; ``jax.grad``); the lse is not. With inputs that require grad, ``out`` and
+    ``stream`` are refused (TypeError). ``flash_attn_bwd`` runs the same backward directly.
 
     Return:
         out: (batch_size, seqlen_q, nheads, headdim), like q, in q's framework.
@@ -405,8 +411,8 @@ def flash_attn_func(
         TypeError: an argument of the wrong type or dtype, a CPU array, or mixed frameworks.
         ValueError: a bad shape, stride, alignment or value, or arrays on different devices.
         NotImplementedError: the dtype or head dim was left out of this build
-            (build options FLASHCUTE_DTYPES / FLASHCUTE_HEAD_DIMS), q, k, v require grad, or a
-            feature flashcute does not have yet (dropout_p > 0, alibi_slopes).
+            (build options FLASHCUTE_DTYPES / FLASHCUTE_HEAD_DIMS), or a feature flashcute does
+            not have yet (dropout_p > 0, alibi_slopes).
         RuntimeError: a CUDA error.
 
     The errors that come from the compiled validation carry its structure: ``exc.arg`` (the
