@@ -17,41 +17,15 @@
 
 #include "flashcute/sm80/launch_bwd.hpp"
 #include "flashcute/sm80/launch_fwd.hpp"
+#include "tune_common.cuh"
 
 #ifndef TUNE_HDIM
 #define TUNE_HDIM 128
 #endif
 
-#define CHECK_CUDA(expr)                                                                        \
-  do {                                                                                          \
-    cudaError_t err_ = (expr);                                                                  \
-    if (err_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s failed: %s (%s:%d)\n", #expr, cudaGetErrorString(err_), __FILE__, __LINE__); \
-      std::exit(1);                                                                             \
-    }                                                                                           \
-  } while (0)
-
 using flashcute::BwdParams;
 using flashcute::DType;
 using flashcute::sm80::BwdConfig;
-using Element = cutlass::bfloat16_t;
-
-__global__ void fill_random(Element* x, size_t n, unsigned seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    unsigned h = unsigned(i) * 2654435761u ^ seed;
-    h ^= h >> 13; h *= 0x5bd1e995u; h ^= h >> 15;
-    x[i] = Element(float(h & 0xffff) / 32768.f - 1.f);  // uniform in [-1, 1)
-  }
-}
-
-__global__ void max_abs_diff(const Element* a, const Element* b, size_t n, float* out) {
-  float m = 0.f;
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    float d = fabsf(float(a[i]) - float(b[i]));
-    m = (d != d) ? INFINITY : fmaxf(m, d);
-  }
-  atomicMax(reinterpret_cast<int*>(out), __float_as_int(m));  // non-negative floats order as ints
-}
 
 struct Buffers {
   Element *q, *k, *v, *o, *dout, *dq, *dk, *dv, *dq_ref, *dk_ref, *dv_ref;
