@@ -148,9 +148,20 @@ int main(int argc, char** argv) {
     for (int s : seqlens) {
 #if TUNE_HDIM == 128
       sweep<kDefault, BwdConfig{.head_dim = 128, .kv_warps = 8, .kv_block_m = 32, .q_warps = 4, .q_block_n = 64},
-            BwdConfig{.head_dim = 128, .kv_warps = 4, .kv_block_m = 64, .q_warps = 4, .q_block_n = 64},
+            BwdConfig{.head_dim = 128, .kv_warps = 8, .kv_block_m = 64, .q_warps = 4, .q_block_n = 64},
             BwdConfig{.head_dim = 128, .kv_warps = 8, .kv_block_m = 64, .q_warps = 4, .q_block_n = 32},
             BwdConfig{.head_dim = 128, .kv_warps = 8, .kv_block_m = 64, .q_warps = 8, .q_block_n = 64}>(s, causal);
+#elif TUNE_HDIM == 64
+      sweep<kDefault, BwdConfig{.head_dim = 64, .kv_warps = 8, .kv_block_m = 64, .q_warps = 4, .q_block_n = 128},
+            BwdConfig{.head_dim = 64, .kv_warps = 4, .kv_block_m = 128, .q_warps = 4, .q_block_n = 128},
+            BwdConfig{.head_dim = 64, .kv_warps = 8, .kv_block_m = 128, .q_warps = 4, .q_block_n = 64},
+            BwdConfig{.head_dim = 64, .kv_warps = 8, .kv_block_m = 64, .q_warps = 8, .q_block_n = 64}>(s, causal);
+#elif TUNE_HDIM == 256
+      sweep<kDefault,
+            BwdConfig{.head_dim = 256, .kv_warps = 4, .kv_block_m = 32, .d_split = 2, .q_warps = 4, .q_block_n = 64},
+            BwdConfig{.head_dim = 256, .kv_warps = 8, .kv_block_m = 32, .d_split = 2, .q_warps = 4, .q_block_n = 32},
+            BwdConfig{.head_dim = 256, .kv_warps = 4, .kv_block_m = 64, .d_split = 2, .q_warps = 4, .q_block_n = 64}>(
+          s, causal);
 #else
       sweep<kDefault>(s, causal);
 #endif
