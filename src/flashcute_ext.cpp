@@ -18,6 +18,7 @@
 
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
@@ -127,6 +128,7 @@ flashcute::DType to_dtype(nb::dlpack::dtype dt) {
   if (dt.code == uint8_t(C::Float) && dt.bits == 16) return flashcute::DType::kFloat16;
   if (dt.code == uint8_t(C::Bfloat) && dt.bits == 16) return flashcute::DType::kBFloat16;
   if (dt.code == uint8_t(C::Float) && dt.bits == 32) return flashcute::DType::kFloat32;
+  if (dt.code == uint8_t(C::Int) && dt.bits == 32) return flashcute::DType::kInt32;
   return flashcute::DType::kOther;
 }
 
@@ -299,19 +301,61 @@ void launch_on_device(const Plan& plan, int device, int64_t stream, bool check_s
 }
 
 // ---------------------------------------------------------------------------
+// varlen: the cu_seqlens arrays of a variable-length call (both None for a fixed-length one)
+// ---------------------------------------------------------------------------
+
+bool given(nb::handle h) { return h.is_valid() && !h.is_none(); }
+
+void check_varlen_pair(nb::handle cu_q, nb::handle cu_k) {
+  if (given(cu_q) != given(cu_k))
+    value_error(std::string(given(cu_q) ? "cu_seqlens_k" : "cu_seqlens_q") +
+                ": a variable-length call takes both cu_seqlens_q and cu_seqlens_k (int32 (batch + 1,) arrays), "
+                "got only " + (given(cu_q) ? "cu_seqlens_q" : "cu_seqlens_k"));
+}
+
+// DLPack arrays: imported, and device-checked by the caller after the validation.
+struct VarlenInputs {
+  std::optional<Input> cu_q, cu_k;
+
+  VarlenInputs(nb::handle q_obj, nb::handle k_obj) {
+    check_varlen_pair(q_obj, k_obj);
+    if (!given(q_obj)) return;
+    cu_q = import_input("cu_seqlens_q", q_obj);
+    cu_k = import_input("cu_seqlens_k", k_obj);
+    // Moved into the optionals: their refs must name the dtype strings at their new address.
+    cu_q->ref.dtype_label = cu_q->dtype_label.c_str();
+    cu_k->ref.dtype_label = cu_k->dtype_label.c_str();
+  }
+  std::optional<flashcute::VarlenArgs> args(int64_t max_q, int64_t max_k) const {
+    if (!cu_q) return std::nullopt;
+    return flashcute::VarlenArgs{cu_q->ref, cu_k->ref, max_q, max_k};
+  }
+  void check_devices(const InArray& q) const {
+    if (!cu_q) return;
+    check_device("cu_seqlens_q", cu_q->array, q);
+    check_device("cu_seqlens_k", cu_k->array, q);
+  }
+};
+
+// ---------------------------------------------------------------------------
 // fwd
 // ---------------------------------------------------------------------------
 
 void fwd(nb::handle q_obj, nb::handle k_obj, nb::handle v_obj, nb::handle out_obj, nb::handle lse_obj,
          double softmax_scale, bool causal, int64_t window_left, int64_t window_right, double softcap,
-         int64_t stream) {
+         int64_t stream, nb::handle cu_seqlens_q, nb::handle cu_seqlens_k, int64_t max_seqlen_q,
+         int64_t max_seqlen_k) {
   // 1. Import. Nothing here touches the device.
   const Input q = import_input("q", q_obj);
   const Input k = import_input("k", k_obj);
   const Input v = import_input("v", v_obj);
   const Output out = import_output("out", out_obj);
   std::optional<Output> lse;
-  if (lse_obj.is_valid() && !lse_obj.is_none()) lse = import_output("lse", lse_obj);
+  if (lse_obj.is_valid() && !lse_obj.is_none()) {
+    lse = import_output("lse", lse_obj);
+    lse->ref.dtype_label = lse->dtype_label.c_str();  // moved: name the string at its new address
+  }
+  const VarlenInputs varlen(cu_seqlens_q, cu_seqlens_k);
   if (stream < 0) value_error("stream: expected a CUDA stream handle >= 0, got " + std::to_string(stream));
 
   // 2. The library's validation.
@@ -322,6 +366,7 @@ void fwd(nb::handle q_obj, nb::handle k_obj, nb::handle v_obj, nb::handle out_ob
   args.out = out.ref;
   if (lse) args.lse = lse->ref;
   args.set_options(softmax_scale, causal, window_left, window_right, softcap);
+  args.varlen = varlen.args(max_seqlen_q, max_seqlen_k);
   flashcute::FwdPlan plan;
   if (flashcute::Status st = flashcute::plan_fwd(args, plan); !st.ok()) raise_status(st);
 
@@ -331,6 +376,7 @@ void fwd(nb::handle q_obj, nb::handle k_obj, nb::handle v_obj, nb::handle out_ob
   check_device("v", v.array, q.array);
   check_device("out", out.array, q.array);
   if (lse) check_device("lse", lse->array, q.array);
+  varlen.check_devices(q.array);
   if (plan.empty) return;
 
   // 4. Launch.
@@ -345,6 +391,7 @@ flashcute::DType dtype_from_name(const std::string& name) {
   if (name == "float16") return flashcute::DType::kFloat16;
   if (name == "bfloat16") return flashcute::DType::kBFloat16;
   if (name == "float32") return flashcute::DType::kFloat32;
+  if (name == "int32") return flashcute::DType::kInt32;
   return flashcute::DType::kOther;
 }
 
@@ -384,16 +431,27 @@ Ref ref_from_desc(const char* name, nb::handle desc, std::string& label) {
 // is that framework's current stream of the device (or one the caller named, checked when
 // check_stream_device). No DLPack export: the descriptors are built in Python from the arrays'
 // own attributes, which costs less per call.
+// The varlen arguments of a raw call: descriptors like the arrays'.
+std::optional<flashcute::VarlenArgs> varlen_from_desc(nb::handle cu_q, nb::handle cu_k, int64_t max_q, int64_t max_k,
+                                                      std::string* labels) {
+  check_varlen_pair(cu_q, cu_k);
+  if (!given(cu_q)) return std::nullopt;
+  return flashcute::VarlenArgs{ref_from_desc<flashcute::TensorRef>("cu_seqlens_q", cu_q, labels[0]),
+                               ref_from_desc<flashcute::TensorRef>("cu_seqlens_k", cu_k, labels[1]), max_q, max_k};
+}
+
 void fwd_raw(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse, double softmax_scale,
              bool causal, int64_t window_left, int64_t window_right, double softcap, int device, int64_t stream,
-             bool check_stream_device) {
-  std::string labels[5];
+             bool check_stream_device, nb::handle cu_seqlens_q, nb::handle cu_seqlens_k, int64_t max_seqlen_q,
+             int64_t max_seqlen_k) {
+  std::string labels[7];
   flashcute::FwdArgs args;
   args.q = ref_from_desc<flashcute::TensorRef>("q", q, labels[0]);
   args.k = ref_from_desc<flashcute::TensorRef>("k", k, labels[1]);
   args.v = ref_from_desc<flashcute::TensorRef>("v", v, labels[2]);
   args.out = ref_from_desc<flashcute::MutableTensorRef>("out", out, labels[3]);
   if (lse.is_valid() && !lse.is_none()) args.lse = ref_from_desc<flashcute::MutableTensorRef>("lse", lse, labels[4]);
+  args.varlen = varlen_from_desc(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, labels + 5);
   if (stream < 0) value_error("stream: expected a CUDA stream handle >= 0, got " + std::to_string(stream));
   if (device < 0) value_error("device: expected a CUDA device index >= 0, got " + std::to_string(device));
   args.set_options(softmax_scale, causal, window_left, window_right, softcap);
@@ -409,7 +467,8 @@ void fwd_raw(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handl
 void bwd(nb::handle dout_obj, nb::handle q_obj, nb::handle k_obj, nb::handle v_obj, nb::handle out_obj,
          nb::handle lse_obj, nb::handle dq_obj, nb::handle dk_obj, nb::handle dv_obj, nb::handle workspace_obj,
          double softmax_scale, bool causal, int64_t window_left, int64_t window_right, double softcap,
-         bool deterministic, int64_t stream) {
+         bool deterministic, int64_t stream, nb::handle cu_seqlens_q, nb::handle cu_seqlens_k,
+         int64_t max_seqlen_q, int64_t max_seqlen_k) {
   const Input dout = import_input("dout", dout_obj);
   const Input q = import_input("q", q_obj);
   const Input k = import_input("k", k_obj);
@@ -420,6 +479,7 @@ void bwd(nb::handle dout_obj, nb::handle q_obj, nb::handle k_obj, nb::handle v_o
   const Output dk = import_output("dk", dk_obj);
   const Output dv = import_output("dv", dv_obj);
   const Output workspace = import_output("workspace", workspace_obj);
+  const VarlenInputs varlen(cu_seqlens_q, cu_seqlens_k);
   if (stream < 0) value_error("stream: expected a CUDA stream handle >= 0, got " + std::to_string(stream));
 
   flashcute::BwdArgs args;
@@ -435,9 +495,11 @@ void bwd(nb::handle dout_obj, nb::handle q_obj, nb::handle k_obj, nb::handle v_o
   args.workspace = workspace.ref;
   args.set_options(softmax_scale, causal, window_left, window_right, softcap);
   args.deterministic = deterministic;
+  args.varlen = varlen.args(max_seqlen_q, max_seqlen_k);
   flashcute::BwdPlan plan;
   if (flashcute::Status st = flashcute::plan_bwd(args, plan); !st.ok()) raise_status(st);
 
+  varlen.check_devices(q.array);
   check_device("dout", dout.array, q.array);
   check_device("q", q.array, q.array);
   check_device("k", k.array, q.array);
@@ -455,8 +517,9 @@ void bwd(nb::handle dout_obj, nb::handle q_obj, nb::handle k_obj, nb::handle v_o
 void bwd_raw(nb::handle dout, nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse, nb::handle dq,
              nb::handle dk, nb::handle dv, nb::handle workspace, double softmax_scale, bool causal,
              int64_t window_left, int64_t window_right, double softcap, bool deterministic, int device,
-             int64_t stream, bool check_stream_device) {
-  std::string labels[10];
+             int64_t stream, bool check_stream_device, nb::handle cu_seqlens_q, nb::handle cu_seqlens_k,
+             int64_t max_seqlen_q, int64_t max_seqlen_k) {
+  std::string labels[12];
   flashcute::BwdArgs args;
   args.dout = ref_from_desc<flashcute::TensorRef>("dout", dout, labels[0]);
   args.q = ref_from_desc<flashcute::TensorRef>("q", q, labels[1]);
@@ -468,6 +531,7 @@ void bwd_raw(nb::handle dout, nb::handle q, nb::handle k, nb::handle v, nb::hand
   args.dk = ref_from_desc<flashcute::MutableTensorRef>("dk", dk, labels[7]);
   args.dv = ref_from_desc<flashcute::MutableTensorRef>("dv", dv, labels[8]);
   args.workspace = ref_from_desc<flashcute::MutableTensorRef>("workspace", workspace, labels[9]);
+  args.varlen = varlen_from_desc(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, labels + 10);
   if (stream < 0) value_error("stream: expected a CUDA stream handle >= 0, got " + std::to_string(stream));
   if (device < 0) value_error("device: expected a CUDA device index >= 0, got " + std::to_string(device));
   args.set_options(softmax_scale, causal, window_left, window_right, softcap);
@@ -485,7 +549,10 @@ int64_t bwd_workspace_floats(int64_t batch, int64_t nheads, int64_t seqlen_q) {
 // (torch.compile's fake tensors, jax.jit) sees them: raises what fwd would, launches nothing.
 void check_fwd(std::vector<int64_t> q_shape, std::vector<int64_t> k_shape, std::vector<int64_t> v_shape,
                std::string q_dtype, std::string k_dtype, std::string v_dtype, double softmax_scale, bool causal,
-               int64_t window_left, int64_t window_right, double softcap) {
+               int64_t window_left, int64_t window_right, double softcap,
+               std::optional<std::vector<int64_t>> cu_seqlens_q_shape, std::optional<std::vector<int64_t>> cu_seqlens_k_shape,
+               std::string cu_seqlens_q_dtype, std::string cu_seqlens_k_dtype, int64_t max_seqlen_q,
+               int64_t max_seqlen_k) {
   // Never dereferenced: 256-byte aligned stand-ins for the buffers a framework will allocate.
   auto contiguous = [](const void* data, const std::vector<int64_t>& shape, const std::string& dtype) {
     flashcute::TensorRef r;
@@ -511,6 +578,15 @@ void check_fwd(std::vector<int64_t> q_shape, std::vector<int64_t> k_shape, std::
   static_cast<flashcute::TensorRef&>(args.out) = contiguous(fake, q_shape, q_dtype);  // made like q
   args.out.dtype_label = q_dtype.c_str();
   args.set_options(softmax_scale, causal, window_left, window_right, softcap);
+  if (cu_seqlens_q_shape.has_value() != cu_seqlens_k_shape.has_value())
+    value_error("cu_seqlens_k: a variable-length call takes both cu_seqlens_q and cu_seqlens_k");
+  if (cu_seqlens_q_shape) {
+    flashcute::VarlenArgs vl{contiguous(fake, *cu_seqlens_q_shape, cu_seqlens_q_dtype),
+                             contiguous(fake, *cu_seqlens_k_shape, cu_seqlens_k_dtype), max_seqlen_q, max_seqlen_k};
+    vl.cu_seqlens_q.dtype_label = cu_seqlens_q_dtype.c_str();
+    vl.cu_seqlens_k.dtype_label = cu_seqlens_k_dtype.c_str();
+    args.varlen = vl;
+  }
   flashcute::FwdPlan plan;
   if (flashcute::Status st = flashcute::plan_fwd(args, plan); !st.ok()) raise_status(st);
 }
@@ -608,31 +684,39 @@ NB_MODULE(_C, m) {
   // The arrays are taken as plain objects (None included) so that fwd() itself can say which
   // argument is wrong and why, instead of nanobind's generic overload error.
   m.def("fwd", &fwd, "q"_a.none(), "k"_a.none(), "v"_a.none(), "out"_a.none(), "lse"_a.none(), "softmax_scale"_a,
-        "causal"_a, "window_left"_a, "window_right"_a, "softcap"_a, "stream"_a,
+        "causal"_a, "window_left"_a, "window_right"_a, "softcap"_a, "stream"_a, "cu_seqlens_q"_a.none() = nb::none(), "cu_seqlens_k"_a.none() = nb::none(), "max_seqlen_q"_a = 0,
+        "max_seqlen_k"_a = 0,
         "Runs the attention forward pass, writing `out` (and `lse` unless None) on `stream`.\n\n"
         "q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_k, headdim); float16 or\n"
         "bfloat16, all the same; the last dim contiguous, batch/row/head strides multiples of 8 elements,\n"
         "16-byte aligned. out: like q, writable. lse: None or float32 (batch, nheads, seqlen_q). stream:\n"
         "a cudaStream_t as an int. Never synchronises. Raises TypeError / ValueError naming the argument\n"
         "(with .arg, .expected and .got), NotImplementedError for a dtype / head dim left out of the\n"
-        "build, RuntimeError for CUDA errors.");
+        "build, RuntimeError for CUDA errors.\n\n"
+        "Variable-length batch: cu_seqlens_q and cu_seqlens_k, int32 (batch + 1,) CUDA arrays, with\n"
+        "max_seqlen_q / max_seqlen_k; q, k, v, out are then (total, heads, headdim) and lse (nheads, total_q).");
   m.def("fwd_raw", &fwd_raw, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a.none(), "softmax_scale"_a, "causal"_a,
-        "window_left"_a, "window_right"_a, "softcap"_a, "device"_a, "stream"_a, "check_stream_device"_a,
+        "window_left"_a, "window_right"_a, "softcap"_a, "device"_a, "stream"_a, "check_stream_device"_a, "cu_seqlens_q"_a.none() = nb::none(), "cu_seqlens_k"_a.none() = nb::none(), "max_seqlen_q"_a = 0,
+        "max_seqlen_k"_a = 0,
         "fwd() for arrays described as (data_ptr, shape, strides, dtype name) tuples on CUDA device `device`\n"
         "(the caller checked that). The eager fast path of the torch binding: no DLPack export.");
   m.def("check_fwd", &check_fwd, "q_shape"_a, "k_shape"_a, "v_shape"_a, "q_dtype"_a, "k_dtype"_a, "v_dtype"_a,
         "softmax_scale"_a, "causal"_a, "window_left"_a, "window_right"_a, "softcap"_a,
+        "cu_seqlens_q_shape"_a.none() = nb::none(), "cu_seqlens_k_shape"_a.none() = nb::none(),
+        "cu_seqlens_q_dtype"_a = "int32", "cu_seqlens_k_dtype"_a = "int32", "max_seqlen_q"_a = 0, "max_seqlen_k"_a = 0,
         "The validation of fwd() for contiguous arrays of these shapes and dtype names, as tracers see them\n"
         "(torch.compile, jax.jit): raises what fwd() would raise for them; launches nothing.");
   m.def("bwd", &bwd, "dout"_a.none(), "q"_a.none(), "k"_a.none(), "v"_a.none(), "out"_a.none(), "lse"_a.none(),
         "dq"_a.none(), "dk"_a.none(), "dv"_a.none(), "workspace"_a.none(), "softmax_scale"_a, "causal"_a,
-        "window_left"_a, "window_right"_a, "softcap"_a, "deterministic"_a, "stream"_a,
+        "window_left"_a, "window_right"_a, "softcap"_a, "deterministic"_a, "stream"_a, "cu_seqlens_q"_a.none() = nb::none(), "cu_seqlens_k"_a.none() = nb::none(), "max_seqlen_q"_a = 0,
+        "max_seqlen_k"_a = 0,
         "Runs the attention backward pass, writing dq, dk and dv on `stream`.\n\n"
         "dout, dq: like q; dk, dv: like k; out, lse: the forward's; workspace: float32 with at least\n"
         "bwd_workspace_floats(batch, nheads, seqlen_q) elements. The same rules and errors as fwd().");
   m.def("bwd_raw", &bwd_raw, "dout"_a, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "dq"_a, "dk"_a, "dv"_a, "workspace"_a,
         "softmax_scale"_a, "causal"_a, "window_left"_a, "window_right"_a, "softcap"_a, "deterministic"_a, "device"_a,
-        "stream"_a, "check_stream_device"_a,
+        "stream"_a, "check_stream_device"_a, "cu_seqlens_q"_a.none() = nb::none(), "cu_seqlens_k"_a.none() = nb::none(), "max_seqlen_q"_a = 0,
+        "max_seqlen_k"_a = 0,
         "bwd() for arrays described as (data_ptr, shape, strides, dtype name) tuples (see fwd_raw).");
   m.def("bwd_workspace_floats", &bwd_workspace_floats, "batch"_a, "nheads"_a, "seqlen_q"_a,
         "float32 elements of workspace a backward call of these shapes needs.");

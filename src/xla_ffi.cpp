@@ -30,6 +30,7 @@ flashcute::DType to_dtype(ffi::DataType t) {
     case ffi::DataType::F16: return flashcute::DType::kFloat16;
     case ffi::DataType::BF16: return flashcute::DType::kBFloat16;
     case ffi::DataType::F32: return flashcute::DType::kFloat32;
+    case ffi::DataType::S32: return flashcute::DType::kInt32;
     default: return flashcute::DType::kOther;
   }
 }
@@ -99,7 +100,101 @@ ffi::Error bwd_impl(cudaStream_t stream, ffi::AnyBuffer dout, ffi::AnyBuffer q, 
   return to_ffi_error(st);
 }
 
+// Variable-length batches (flash_attn_varlen_func): the same calls with cu_seqlens_q and
+// cu_seqlens_k (int32 (batch + 1,) device buffers, never read on the host) and the longest lengths.
+flashcute::VarlenArgs varlen_args(const ffi::AnyBuffer& cu_q, const ffi::AnyBuffer& cu_k, int64_t max_q,
+                                  int64_t max_k) {
+  return flashcute::VarlenArgs{describe<flashcute::TensorRef>(cu_q), describe<flashcute::TensorRef>(cu_k), max_q,
+                               max_k};
+}
+
+ffi::Error varlen_fwd_impl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                           ffi::AnyBuffer cu_q, ffi::AnyBuffer cu_k, ffi::Result<ffi::AnyBuffer> out,
+                           ffi::Result<ffi::AnyBuffer> lse, float softmax_scale, bool causal, int64_t window_left,
+                           int64_t window_right, float softcap, int64_t max_seqlen_q, int64_t max_seqlen_k) {
+  flashcute::FwdArgs args;
+  args.q = describe<flashcute::TensorRef>(q);
+  args.k = describe<flashcute::TensorRef>(k);
+  args.v = describe<flashcute::TensorRef>(v);
+  args.out = describe<flashcute::MutableTensorRef>(*out);
+  args.lse = describe<flashcute::MutableTensorRef>(*lse);
+  args.set_options(softmax_scale, causal, window_left, window_right, softcap);
+  args.varlen = varlen_args(cu_q, cu_k, max_seqlen_q, max_seqlen_k);
+  flashcute::FwdPlan plan;
+  flashcute::Status st = flashcute::plan_fwd(args, plan);
+  if (st.ok()) st = flashcute::launch(plan, stream);
+  return to_ffi_error(st);
+}
+
+ffi::Error varlen_bwd_impl(cudaStream_t stream, ffi::AnyBuffer dout, ffi::AnyBuffer q, ffi::AnyBuffer k,
+                           ffi::AnyBuffer v, ffi::AnyBuffer out, ffi::AnyBuffer lse, ffi::AnyBuffer cu_q,
+                           ffi::AnyBuffer cu_k, ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
+                           ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::AnyBuffer> workspace, float softmax_scale,
+                           bool causal, int64_t window_left, int64_t window_right, float softcap,
+                           int64_t max_seqlen_q, int64_t max_seqlen_k) {
+  flashcute::BwdArgs args;
+  args.dout = describe<flashcute::TensorRef>(dout);
+  args.q = describe<flashcute::TensorRef>(q);
+  args.k = describe<flashcute::TensorRef>(k);
+  args.v = describe<flashcute::TensorRef>(v);
+  args.out = describe<flashcute::TensorRef>(out);
+  args.lse = describe<flashcute::TensorRef>(lse);
+  args.dq = describe<flashcute::MutableTensorRef>(*dq);
+  args.dk = describe<flashcute::MutableTensorRef>(*dk);
+  args.dv = describe<flashcute::MutableTensorRef>(*dv);
+  args.workspace = describe<flashcute::MutableTensorRef>(*workspace);
+  args.set_options(softmax_scale, causal, window_left, window_right, softcap);
+  args.varlen = varlen_args(cu_q, cu_k, max_seqlen_q, max_seqlen_k);
+  flashcute::BwdPlan plan;
+  flashcute::Status st = flashcute::plan_bwd(args, plan);
+  if (st.ok()) st = flashcute::launch(plan, stream);
+  return to_ffi_error(st);
+}
+
 }  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(flashcute_xla_varlen_fwd, varlen_fwd_impl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()  // q (total_q, nheads, headdim)
+                                  .Arg<ffi::AnyBuffer>()  // k
+                                  .Arg<ffi::AnyBuffer>()  // v
+                                  .Arg<ffi::AnyBuffer>()  // cu_seqlens_q
+                                  .Arg<ffi::AnyBuffer>()  // cu_seqlens_k
+                                  .Ret<ffi::AnyBuffer>()  // out
+                                  .Ret<ffi::AnyBuffer>()  // lse (nheads, total_q)
+                                  .Attr<float>("softmax_scale")
+                                  .Attr<bool>("causal")
+                                  .Attr<int64_t>("window_left")
+                                  .Attr<int64_t>("window_right")
+                                  .Attr<float>("softcap")
+                                  .Attr<int64_t>("max_seqlen_q")
+                                  .Attr<int64_t>("max_seqlen_k"),
+                              {ffi::Traits::kCmdBufferCompatible});
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(flashcute_xla_varlen_bwd, varlen_bwd_impl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()  // dout
+                                  .Arg<ffi::AnyBuffer>()  // q
+                                  .Arg<ffi::AnyBuffer>()  // k
+                                  .Arg<ffi::AnyBuffer>()  // v
+                                  .Arg<ffi::AnyBuffer>()  // out
+                                  .Arg<ffi::AnyBuffer>()  // lse
+                                  .Arg<ffi::AnyBuffer>()  // cu_seqlens_q
+                                  .Arg<ffi::AnyBuffer>()  // cu_seqlens_k
+                                  .Ret<ffi::AnyBuffer>()  // dq
+                                  .Ret<ffi::AnyBuffer>()  // dk
+                                  .Ret<ffi::AnyBuffer>()  // dv
+                                  .Ret<ffi::AnyBuffer>()  // workspace
+                                  .Attr<float>("softmax_scale")
+                                  .Attr<bool>("causal")
+                                  .Attr<int64_t>("window_left")
+                                  .Attr<int64_t>("window_right")
+                                  .Attr<float>("softcap")
+                                  .Attr<int64_t>("max_seqlen_q")
+                                  .Attr<int64_t>("max_seqlen_k"),
+                              {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(flashcute_xla_bwd, bwd_impl,
                               ffi::Ffi::Bind()
@@ -138,5 +233,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(flashcute_xla_fwd, fwd_impl,
 
 std::vector<std::pair<const char*, void*>> flashcute_xla_ffi_handlers() {
   return {{"flashcute_fwd", reinterpret_cast<void*>(flashcute_xla_fwd)},
-          {"flashcute_bwd", reinterpret_cast<void*>(flashcute_xla_bwd)}};
+          {"flashcute_bwd", reinterpret_cast<void*>(flashcute_xla_bwd)},
+          {"flashcute_varlen_fwd", reinterpret_cast<void*>(flashcute_xla_varlen_fwd)},
+          {"flashcute_varlen_bwd", reinterpret_cast<void*>(flashcute_xla_varlen_bwd)}};
 }

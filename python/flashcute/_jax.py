@@ -13,6 +13,10 @@ synchronisation. XLA allocates the outputs.
 - **grad.** The call is a ``jax.custom_vjp``: the forward keeps q, k, v, out and lse, and the
   backward is a second FFI handler (``flashcute_bwd``), folded over vmapped axes like the forward.
   The lse is not differentiable (its cotangent is ignored), as in FlashAttention-2.
+- **varlen.** ``flash_attn_varlen_func`` uses the handlers ``flashcute_varlen_fwd`` / ``_bwd``, with
+  cu_seqlens as int32 operands (device buffers, never read on the host) and the max seqlens as
+  static attributes. Under vmap each vmapped element is its own launch (``lax.map``): folding
+  ragged batches into one would need their lengths on the host.
 
 Imported by flashcute only when a jax.Array is passed, so ``import flashcute`` never imports JAX.
 """
@@ -30,6 +34,7 @@ from . import _C
 
 _TARGET = "flashcute_fwd"
 _BWD_TARGET = "flashcute_bwd"
+_VARLEN_TARGETS = ("flashcute_varlen_fwd", "flashcute_varlen_bwd")
 _registered = False
 
 
@@ -54,8 +59,9 @@ def _register() -> None:
             "(build option FLASHCUTE_XLA_FFI; install jax before building flashcute, or set it to ON)"
         )
     jax.ffi.register_ffi_target(_TARGET, targets[_TARGET], platform="CUDA")
-    if _BWD_TARGET in targets:
-        jax.ffi.register_ffi_target(_BWD_TARGET, targets[_BWD_TARGET], platform="CUDA")
+    for name in (_BWD_TARGET, *_VARLEN_TARGETS):
+        if name in targets:
+            jax.ffi.register_ffi_target(name, targets[name], platform="CUDA")
     _registered = True
 
 
@@ -161,4 +167,97 @@ def flash_attn(q: Any, k: Any, v: Any, out: Any, return_lse: bool, stream: Any, 
     check(q, k, v, opts)
     _register()
     o, lse = _attention(q, k, v, opts)
+    return o, (lse if return_lse else None)
+
+
+# ---------------------------------------------------------------------------------------- varlen
+
+
+class VarlenSizes(NamedTuple):
+    max_seqlen_q: int
+    max_seqlen_k: int
+
+
+def check_varlen(q: Any, k: Any, v: Any, cu_q: Any, cu_k: Any, sizes: VarlenSizes, opts: Options) -> None:
+    _C.check_fwd(tuple(q.shape), tuple(k.shape), tuple(v.shape), _dtype_name(q), _dtype_name(k), _dtype_name(v),
+                 *opts, tuple(cu_q.shape), tuple(cu_k.shape), _dtype_name(cu_q), _dtype_name(cu_k), *sizes)
+
+
+def _attrs(opts: Options, sizes: VarlenSizes) -> dict:
+    return dict(softmax_scale=np.float32(opts.softmax_scale), causal=bool(opts.causal),
+                window_left=np.int64(opts.window_left), window_right=np.int64(opts.window_right),
+                softcap=np.float32(opts.softcap), max_seqlen_q=np.int64(sizes.max_seqlen_q),
+                max_seqlen_k=np.int64(sizes.max_seqlen_k))
+
+
+def _sequential_vmap(f, n_out: int):
+    """custom_vmap that runs f once per vmapped element (lax.map), for calls that cannot be folded."""
+    g = jax.custom_batching.custom_vmap(f)
+
+    @g.def_vmap
+    def rule(axis_size, in_batched, *args):
+        args = [x if batched else jnp.broadcast_to(x, (axis_size, *x.shape)) for x, batched in zip(args, in_batched)]
+        return jax.lax.map(lambda xs: g(*xs), tuple(args)), (True,) * n_out
+
+    return g
+
+
+def _varlen_fwd_call(opts: Options, sizes: VarlenSizes):
+    def f(q, k, v, cu_q, cu_k):
+        call = jax.ffi.ffi_call(
+            _VARLEN_TARGETS[0],
+            (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((q.shape[1], q.shape[0]), jnp.float32)),
+        )
+        return call(q, k, v, cu_q, cu_k, **_attrs(opts, sizes))
+
+    return _sequential_vmap(f, 2)
+
+
+def _varlen_bwd_call(opts: Options, sizes: VarlenSizes):
+    def f(dout, q, k, v, out, lse, cu_q, cu_k):
+        call = jax.ffi.ffi_call(
+            _VARLEN_TARGETS[1],
+            (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(k.shape, k.dtype),
+             jax.ShapeDtypeStruct(v.shape, v.dtype),
+             jax.ShapeDtypeStruct((_C.bwd_workspace_floats(1, q.shape[1], q.shape[0]),), jnp.float32)),
+        )
+        dq, dk, dv, _ = call(dout, q, k, v, out, lse, cu_q, cu_k, **_attrs(opts, sizes))
+        return dq, dk, dv
+
+    return _sequential_vmap(f, 3)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def _varlen_attention(q, k, v, cu_q, cu_k, sizes: VarlenSizes, opts: Options):
+    return _varlen_fwd_call(opts, sizes)(q, k, v, cu_q, cu_k)
+
+
+def _varlen_attention_fwd(q, k, v, cu_q, cu_k, sizes, opts):
+    out, lse = _varlen_attention(q, k, v, cu_q, cu_k, sizes, opts)
+    return (out, lse), (q, k, v, out, lse, cu_q, cu_k)
+
+
+def _varlen_attention_bwd(sizes, opts, residuals, cotangents):
+    q, k, v, out, lse, cu_q, cu_k = residuals
+    dout, _ = cotangents  # the lse is not differentiable
+    dq, dk, dv = _varlen_bwd_call(opts, sizes)(dout.astype(q.dtype), q, k, v, out, lse, cu_q, cu_k)
+    return dq, dk, dv, None, None  # cu_seqlens: integer, no cotangent
+
+
+_varlen_attention.defvjp(_varlen_attention_fwd, _varlen_attention_bwd)
+
+
+def flash_attn_varlen(q: Any, k: Any, v: Any, cu_q: Any, cu_k: Any, max_q: int, max_k: int, out: Any,
+                      return_lse: bool, stream: Any, args: tuple) -> Tuple[Any, Any]:
+    """flash_attn_varlen_func's JAX path."""
+    if out is not None:
+        raise TypeError("out: JAX arrays are immutable, so out= is not supported with JAX inputs")
+    if stream is not None:
+        raise TypeError("stream: not supported with JAX inputs: flashcute runs on the stream XLA gives it")
+    opts, sizes = Options(*args), VarlenSizes(max_q, max_k)
+    check_varlen(q, k, v, cu_q, cu_k, sizes, opts)
+    _register()
+    if _VARLEN_TARGETS[0] not in _C.xla_ffi_targets():
+        raise NotImplementedError("flashcute's JAX binding has no varlen handler in this build")
+    o, lse = _varlen_attention(q, k, v, cu_q, cu_k, sizes, opts)
     return o, (lse if return_lse else None)

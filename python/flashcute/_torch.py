@@ -290,3 +290,126 @@ def flash_attn_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, l
         _bwd_launch(dout, q, k, v, out, lse, dq, dk, dv, args, deterministic, index, launch_stream,
                     launch_stream != current)
     return dq, dk, dv
+
+
+# ---------------------------------------------------------------------------------------- varlen
+
+# A variable-length batch (flash_attn_varlen_func): q, out (total_q, nheads, headdim), k, v
+# (total_k, nheads_k, headdim), cu_seqlens_* int32 (batch + 1,) on the device, never read on the
+# host. One op returns (out, lse), lse (nheads, total_q): its autograd formula needs the lse, and
+# it costs 4 bytes a query row and head.
+_VARLEN_ARGS = ("Tensor cu_seqlens_q, Tensor cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, "
+                "float softmax_scale, bool causal, SymInt window_left, SymInt window_right, float softcap")
+_lib.define(f"varlen_fwd(Tensor q, Tensor k, Tensor v, {_VARLEN_ARGS}) -> (Tensor, Tensor)")
+_lib.define(f"varlen_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, {_VARLEN_ARGS}, "
+            "bool deterministic) -> (Tensor, Tensor, Tensor)")
+
+
+def _varlen_lse_shape(q: Tensor) -> Tuple[Any, Any]:
+    return (q.shape[1], q.shape[0])
+
+
+def _varlen_launch(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Optional[Tensor], cu_q: Tensor, cu_k: Tensor,
+                   max_q: int, max_k: int, args: tuple, index: int, stream: int, check_stream_device: bool) -> None:
+    _C.fwd_raw(_desc(q), _desc(k), _desc(v), _desc(out), None if lse is None else _desc(lse), *args, index, stream,
+               check_stream_device, _desc(cu_q), _desc(cu_k), max_q, max_k)
+
+
+def _varlen_fwd_cuda(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int,
+                     max_seqlen_k: int, softmax_scale: float, causal: bool, window_left: int, window_right: int,
+                     softcap: float) -> Tuple[Tensor, Tensor]:
+    """flashcute::varlen_fwd: (out, lse) of a variable-length batch, on the current stream."""
+    index = _cuda_index(q, k, v, None, ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k))
+    out = q.new_empty(q.shape)
+    lse = q.new_empty(_varlen_lse_shape(q), dtype=torch.float32)
+    _varlen_launch(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                   (softmax_scale, causal, window_left, window_right, softcap), index, _current_stream(index), False)
+    return out, lse
+
+
+def _varlen_bwd_cuda(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cu_seqlens_q: Tensor,
+                     cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool,
+                     window_left: int, window_right: int, softcap: float,
+                     deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    """flashcute::varlen_bwd: (dq, dk, dv) of a variable-length batch."""
+    index = _cuda_index(q, k, v, out, ("dout", dout), ("lse", lse), ("cu_seqlens_q", cu_seqlens_q),
+                        ("cu_seqlens_k", cu_seqlens_k))
+    dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    total_q, h = q.shape[0], q.shape[1]
+    workspace = q.new_empty((_C.bwd_workspace_floats(1, h, total_q),), dtype=torch.float32)
+    _C.bwd_raw(_desc(dout), _desc(q), _desc(k), _desc(v), _desc(out), _desc(lse), _desc(dq), _desc(dk), _desc(dv),
+               _desc(workspace), softmax_scale, causal, window_left, window_right, softcap, deterministic, index,
+               _current_stream(index), False, _desc(cu_seqlens_q), _desc(cu_seqlens_k), max_seqlen_q, max_seqlen_k)
+    return dq, dk, dv
+
+
+_lib.impl("varlen_fwd", _varlen_fwd_cuda, "CUDA")
+_lib.impl("varlen_bwd", _varlen_bwd_cuda, "CUDA")
+
+
+@torch.library.register_fake("flashcute::varlen_fwd", lib=_lib)
+def _varlen_fwd_fake(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int,
+                     max_seqlen_k: int, softmax_scale: float, causal: bool, window_left: int, window_right: int,
+                     softcap: float) -> Tuple[Tensor, Tensor]:
+    return q.new_empty(q.shape), q.new_empty(_varlen_lse_shape(q), dtype=torch.float32)
+
+
+@torch.library.register_fake("flashcute::varlen_bwd", lib=_lib)
+def _varlen_bwd_fake(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cu_seqlens_q: Tensor,
+                     cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool,
+                     window_left: int, window_right: int, softcap: float,
+                     deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _varlen_fwd_setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
+    q, k, v, cu_q, cu_k, max_q, max_k, *options = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+    ctx.sizes = (max_q, max_k)
+    ctx.options = tuple(options)
+    ctx.mark_non_differentiable(lse)
+
+
+def _varlen_fwd_backward(ctx: Any, grad_out: Tensor, grad_lse: Optional[Tensor]) -> tuple:
+    q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+    dq, dk, dv = _varlen_bwd_op(_grad_ready(grad_out), q, k, v, out, lse, cu_q, cu_k, *ctx.sizes, *ctx.options, True)
+    return (dq, dk, dv) + (None,) * 9
+
+
+torch.library.register_autograd("flashcute::varlen_fwd", _varlen_fwd_backward,
+                                setup_context=_varlen_fwd_setup_context, lib=_lib)
+
+_varlen_fwd_op = torch.ops.flashcute.varlen_fwd.default
+_varlen_bwd_op = torch.ops.flashcute.varlen_bwd.default
+
+
+def flash_attn_varlen(q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Tensor, max_q: int, max_k: int,
+                      out: Optional[Tensor], return_lse: bool, stream: Optional[int],
+                      args: tuple) -> Tuple[Tensor, Optional[Tensor]]:
+    """flash_attn_varlen_func's torch path: the op when differentiable or traced, else a direct launch."""
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if grad or _may_be_traced(q, k, v, out, cu_q, cu_k):
+        if out is not None or stream is not None:
+            raise TypeError(
+                "out=, stream=: not supported when q, k or v requires grad, or under torch.compile, torch.export or "
+                "other tracing (the op allocates its output and runs on the current stream); call without them"
+            )
+        o, lse = _varlen_fwd_op(q, k, v, cu_q, cu_k, max_q, max_k, *args)
+        return o, (lse if return_lse else None)
+    index = _cuda_index(q, k, v, out, ("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k))
+    current = _current_stream(index)
+    launch_stream = current if stream is None else stream
+    ctx = None
+    if launch_stream != current:  # it waits for the current stream (an event, no host block)
+        device = q.device
+        default = torch.cuda.default_stream(device)
+        launch = default if stream == default.cuda_stream else torch.cuda.ExternalStream(stream, device=device)
+        launch.wait_stream(torch.cuda.current_stream(device))
+        ctx = torch.cuda.stream(launch)
+    with ctx if ctx is not None else _nullcontext():
+        out = q.new_empty(q.shape) if out is None else out
+        lse = q.new_empty(_varlen_lse_shape(q), dtype=torch.float32) if return_lse else None
+        _varlen_launch(q, k, v, out, lse, cu_q, cu_k, max_q, max_k, args, index, launch_stream,
+                       launch_stream != current)
+    return out, lse

@@ -20,7 +20,7 @@ from typing import Any, Optional, Tuple, Union
 
 from . import _C
 
-__all__ = ["flash_attn_func", "flash_attn_bwd"]
+__all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_bwd"]
 
 # DLPack device types (dlpack.h, DLDeviceType).
 _KDL_CUDA = 2
@@ -543,3 +543,155 @@ def flash_attn_bwd(
                         "with jax.grad")
     raise TypeError(f"q: flash_attn_bwd allocates through torch or CuPy, and q is a {_type_name(q)}; convert the "
                     "arrays")
+
+
+# ---------------------------------------------------------------------------
+# Variable-length batches
+# ---------------------------------------------------------------------------
+
+
+def _check_fa2_only(dropout_p: Any, alibi_slopes: Any) -> None:
+    """The FlashAttention-2 keywords flashcute accepts only at their default."""
+    dropout_p = _as_real("dropout_p", dropout_p)
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p: expected a probability in [0, 1), got {dropout_p!r}")
+    if dropout_p > 0.0:
+        raise NotImplementedError(
+            f"dropout_p: flashcute has no dropout yet, so dropout_p must be 0.0, got {dropout_p!r}"
+        )
+    if alibi_slopes is not None:
+        raise NotImplementedError("alibi_slopes: flashcute has no ALiBi yet, so alibi_slopes must be None")
+
+
+def flash_attn_varlen_func(
+    q: Any,
+    k: Any,
+    v: Any,
+    cu_seqlens_q: Any,
+    cu_seqlens_k: Any,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    dropout_p: float = 0.0,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: Any = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+    block_table: Any = None,
+    *,
+    return_lse: bool = False,
+    return_softmax_lse: bool = False,
+    out: Any = None,
+    stream: Union[None, int, Any] = None,
+) -> Union[Any, Tuple[Any, Any], Tuple[Any, Any, None]]:
+    """FlashAttention forward pass over a batch of sequences of different lengths, packed without
+    padding (FlashAttention-2's ``flash_attn_varlen_func``, in its positional order).
+
+    Sequence ``b`` has the query rows ``cu_seqlens_q[b]:cu_seqlens_q[b + 1]`` of q and the key rows
+    ``cu_seqlens_k[b]:cu_seqlens_k[b + 1]`` of k and v; every option of :func:`flash_attn_func`
+    applies to each sequence on its own (causal and windows aligned to each sequence's bottom-right
+    corner, softcap, GQA). A sequence may be empty (length 0).
+
+    Arguments:
+        q: (total_q, nheads, headdim); k, v: (total_k, nheads_k, headdim). CUDA arrays, float16 or
+            bfloat16, with the stride rules of :func:`flash_attn_func`.
+        cu_seqlens_q, cu_seqlens_k: int32 (batch + 1,) CUDA arrays on q's device, non-decreasing,
+            starting at 0 (FlashAttention-2's). They are never read on the host, so a call can be
+            captured in a CUDA graph; the kernels clamp their entries into [0, total], so no value
+            in them makes a kernel read or write outside q, k, v, out or lse.
+        max_seqlen_q, max_seqlen_k: ints, at least the longest sequence's query and key counts, as
+            in FlashAttention-2: they size the launch, and rows past them are not computed.
+        dropout_p, alibi_slopes: only 0.0 and None (NotImplementedError otherwise).
+        softmax_scale, causal, window_size, softcap, deterministic: as in :func:`flash_attn_func`.
+        return_attn_probs: FlashAttention-2's: return ``(out, softmax_lse, None)``.
+        block_table: a paged KV cache for varlen is not built yet: only None (NotImplementedError).
+        return_lse, return_softmax_lse: return ``(out, lse)``.
+        out: optional preallocated output like q (eager only). stream: as in :func:`flash_attn_func`.
+
+    torch: the call is the custom op ``torch.ops.flashcute.varlen_fwd``, differentiable (its
+    backward is ``flashcute::varlen_bwd``, on the kernels of :func:`flash_attn_bwd`) and traceable
+    by ``torch.compile``. CuPy: eager, forward only. JAX: an XLA FFI call, differentiable with
+    ``jax.grad`` and usable under ``jax.jit``; under ``jax.vmap`` each vmapped element is its own
+    launch. Rows outside every sequence (when ``cu_seqlens_q[-1] < total_q``, or
+    ``cu_seqlens_k[-1] < total_k``) are not written, in out or in the gradients, as in
+    FlashAttention-2.
+
+    Return:
+        out: (total_q, nheads, headdim), like q.
+        lse [if return_lse, return_softmax_lse or return_attn_probs]: float32 (nheads, total_q), as in
+            FlashAttention-2; -inf for rows that see no key.
+    """
+    _check_fa2_only(dropout_p, alibi_slopes)
+    if block_table is not None:
+        raise NotImplementedError("block_table: a paged KV cache is not supported by flash_attn_varlen_func yet; "
+                                  "pass None")
+    _as_bool("deterministic", deterministic)
+    return_attn_probs = _as_bool("return_attn_probs", return_attn_probs)
+    want_lse = _as_bool("return_lse", return_lse) | _as_bool("return_softmax_lse", return_softmax_lse)
+    softmax_scale, causal, window_left, window_right, softcap = _parse_options(softmax_scale, causal, window_size,
+                                                                               softcap)
+    max_seqlen_q = _as_int("max_seqlen_q", max_seqlen_q)
+    max_seqlen_k = _as_int("max_seqlen_k", max_seqlen_k)
+    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if value < 0:
+            raise ValueError(f"{name}: expected an int >= 0, got {value}")
+    stream = _parse_stream(stream)
+
+    fw = _check_cuda_array("q", q)
+    named = (("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k))
+    for name, x in named + ((("out", out),) if out is not None else ()):
+        if _check_cuda_array(name, x) != fw:
+            raise TypeError(
+                f"{name}: is a {_type_name(x)} but q is a {_type_name(q)}; all arrays must come from the same framework"
+            )
+    if len(q.shape) != 3:
+        raise ValueError(f"q: expected 3 dims (total_q, nheads, headdim), got {len(q.shape)}")
+    if softmax_scale is None:
+        headdim = int(q.shape[2])
+        softmax_scale = 1.0 / math.sqrt(headdim) if headdim > 0 else 1.0
+    args = (float(softmax_scale), causal, window_left, window_right, softcap)
+    want_lse = want_lse or return_attn_probs
+    if fw == _TORCH:
+        from ._torch import flash_attn_varlen
+
+        out, lse = flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out, want_lse,
+                                     stream, args)
+    elif fw == _CUPY:
+        out, lse = _run_varlen_cupy(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out, want_lse,
+                                    stream, args)
+    elif fw == _JAX:
+        from ._jax import flash_attn_varlen as run_jax
+
+        out, lse = run_jax(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out, want_lse, stream,
+                           args)
+    else:
+        raise TypeError(f"q: flash_attn_varlen_func allocates through torch or CuPy, and q is a {_type_name(q)}; "
+                        "convert the arrays")
+    if return_attn_probs:
+        return out, lse, None
+    return (out, lse) if want_lse else out
+
+
+def _run_varlen_cupy(q, k, v, cu_q, cu_k, max_q, max_k, out, return_lse, stream, args):
+    cupy = sys.modules["cupy"]
+    with cupy.cuda.Device(q.device.id):
+        current = cupy.cuda.get_current_stream()
+        if stream is None or stream == current.ptr:
+            handle, alloc_ctx = current.ptr, contextlib.nullcontext()
+        else:
+            handle = stream
+            launch = cupy.cuda.ExternalStream(stream, device_id=q.device.id)
+            launch.wait_event(current.record())
+            alloc_ctx = launch
+        with alloc_ctx:
+            out = cupy.empty(q.shape, dtype=q.dtype) if out is None else out
+            lse = cupy.empty((q.shape[1], q.shape[0]), dtype=cupy.float32) if return_lse else None
+
+    def export(a):
+        return None if a is None else a.__dlpack__(stream=-1)
+
+    _C.fwd(export(q), export(k), export(v), export(out), export(lse), *args, handle, export(cu_q), export(cu_k),
+           max_q, max_k)
+    return out, lse

@@ -633,3 +633,113 @@ def test_check_fwd_is_the_same_validation():
     with raises(ValueError, "window_left must be >= -1"):
         _C.check_fwd((1, 4, 2, 64), (1, 4, 2, 64), (1, 4, 2, 64), "float16", "float16", "float16", 0.125, False, -5,
                      -1, 0.0)
+
+
+# ------------------------------------------------------------------------------------ varlen
+
+
+def varlen_fwd(q, k, v, cu_q, cu_k, max_q=64, max_k=64, out=None, lse=None, **kw):
+    if out is None:
+        out = np.empty_like(q)
+    return _C.fwd(q, k, v, out, lse, 0.125, False, -1, -1, 0.0, 0, cu_q, cu_k, max_q, max_k, **kw)
+
+
+def varlen_arrays(total_q=100, total_k=90, h=8, hk=4, d=64, batch=3):
+    q, k, v = arr((total_q, h, d)), arr((total_k, hk, d)), arr((total_k, hk, d))
+    cu_q = np.array([0, 40, 60, total_q][: batch + 1], np.int32)
+    cu_k = np.array([0, 30, 60, total_k][: batch + 1], np.int32)
+    return q, k, v, cu_q, cu_k
+
+
+def test_varlen_valid_cpu_arrays_fail_only_on_device():
+    needs_fp16_kernels(64)
+    q, k, v, cu_q, cu_k = varlen_arrays()
+    with raises(TypeError, "q: expected a CUDA array"):
+        varlen_fwd(q, k, v, cu_q, cu_k, lse=np.empty((8, 100), np.float32))
+
+
+def test_varlen_cu_seqlens_checks():
+    q, k, v, cu_q, cu_k = varlen_arrays()
+    with raises(TypeError, "cu_seqlens_q: expected int32 (batch + 1,) contiguous, got int64"):
+        varlen_fwd(q, k, v, cu_q.astype(np.int64), cu_k)
+    with raises(TypeError, "cu_seqlens_k: expected int32", "got float32"):
+        varlen_fwd(q, k, v, cu_q, cu_k.astype(np.float32))
+    with raises(ValueError, "cu_seqlens_q: expected int32 (batch + 1,)", "shape (2, 2)"):
+        varlen_fwd(q, k, v, cu_q[:4].reshape(2, 2), cu_k)
+    with raises(ValueError, "cu_seqlens_q: expected int32 (batch + 1,)", "shape (0,)"):
+        varlen_fwd(q, k, v, cu_q[:0], cu_k[:0])
+    with raises(ValueError, "cu_seqlens_k: shape (3,) does not match cu_seqlens_q's (4,)"):
+        varlen_fwd(q, k, v, cu_q, cu_k[:3])
+    with raises(ValueError, "cu_seqlens_q: expected int32 (batch + 1,) contiguous", "strides (2,)"):
+        varlen_fwd(q, k, v, np.zeros(8, np.int32)[::2], cu_k)
+    with raises(ValueError, "cu_seqlens_k: a variable-length call takes both cu_seqlens_q and cu_seqlens_k"):
+        _C.fwd(q, k, v, np.empty_like(q), None, 0.125, False, -1, -1, 0.0, 0, cu_q, None, 64, 64)
+    with raises(ValueError, "max_seqlen_k must be >= 0"):
+        varlen_fwd(q, k, v, cu_q, cu_k, max_k=-1)
+
+
+def test_varlen_array_shapes():
+    q, k, v, cu_q, cu_k = varlen_arrays()
+    with raises(ValueError, "q: expected 3 dims (total_q, nheads, headdim), got 4"):
+        varlen_fwd(q[None], k, v, cu_q, cu_k)
+    with raises(ValueError, "k: expected 3 dims (total_k, nheads_k, headdim)"):
+        varlen_fwd(q, k[None], v, cu_q, cu_k)
+    with raises(ValueError, "k: headdim 32 does not match q's headdim 64"):
+        varlen_fwd(q, arr((90, 4, 32)), arr((90, 4, 32)), cu_q, cu_k)
+    with raises(ValueError, "v: expected shape (90, 4, 64) like k, got (91, 4, 64)"):
+        varlen_fwd(q, k, arr((91, 4, 64)), cu_q, cu_k)
+    with raises(ValueError, "out: expected shape (100, 8, 64) like q"):
+        varlen_fwd(q, k, v, cu_q, cu_k, out=np.empty((99, 8, 64), F16))
+    with raises(ValueError, "lse: expected float32 (nheads, total_q) = (8, 100)", "shape (1, 8, 100)"):
+        varlen_fwd(q, k, v, cu_q, cu_k, lse=np.empty((1, 8, 100), np.float32))
+    with raises(ValueError, "nheads (8) must be a multiple of nheads_k (3)"):
+        varlen_fwd(q, arr((90, 3, 64)), arr((90, 3, 64)), cu_q, cu_k)
+    with raises(TypeError, "v: expected float16 like q"):
+        varlen_fwd(q, k, arr((90, 4, 64), np.float32), cu_q, cu_k)
+
+
+def test_varlen_python_keywords():
+    q, k, v, cu_q, cu_k = varlen_arrays()
+    with raises(NotImplementedError, "dropout_p"):
+        flashcute.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 64, 64, 0.1)
+    with raises(NotImplementedError, "alibi_slopes"):
+        flashcute.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 64, 64, alibi_slopes=np.ones(8, np.float32))
+    with raises(NotImplementedError, "block_table"):
+        flashcute.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 64, 64, block_table=np.zeros((3, 4), np.int32))
+    with raises(TypeError, "max_seqlen_q: expected an int, got float"):
+        flashcute.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 64.0, 64)
+    with raises(ValueError, "max_seqlen_k: expected an int >= 0, got -2"):
+        flashcute.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 64, -2)
+    with raises(TypeError, "q: expected a CUDA array, got a CPU numpy.ndarray"):
+        flashcute.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 64, 64)
+
+
+def test_varlen_bwd_raw_names_each_argument():
+    if "float16" not in _C.compiled_dtypes() or _C.kernel_head_dim(64) != 64:
+        pytest.skip("needs this build's float16 head-dim-64 kernels (the forward's arrays are checked first)")
+    tq, tk, h, hk, d = 100, 90, 8, 4, 64
+    good = dict(
+        dout=_desc((tq, h, d), ptr=0x60000), q=_desc((tq, h, d)), k=_desc((tk, hk, d), ptr=0x20000),
+        v=_desc((tk, hk, d), ptr=0x30000), out=_desc((tq, h, d), ptr=0x40000),
+        lse=_desc((h, tq), "float32", ptr=0x50000), dq=_desc((tq, h, d), ptr=0x70000),
+        dk=_desc((tk, hk, d), ptr=0x80000), dv=_desc((tk, hk, d), ptr=0x90000),
+        workspace=_desc((_C.bwd_workspace_floats(1, h, tq),), "float32", ptr=0xa0000),
+    )
+    cu = dict(cu_seqlens_q=_desc((4,), "int32", ptr=0xb0000), cu_seqlens_k=_desc((4,), "int32", ptr=0xc0000),
+              max_seqlen_q=64, max_seqlen_k=64)
+
+    def bwd_raw(**replace):
+        arrays = {**good, **{k: v for k, v in replace.items() if k in good}}
+        extra = {**cu, **{k: v for k, v in replace.items() if k in cu}}
+        return _C.bwd_raw(*arrays.values(), 0.125, False, -1, -1, 0.0, False, 0, 0, False, **extra)
+
+    with raises(ValueError, "dout: expected 3 dims (total_q, nheads, headdim) like q, got 4"):
+        bwd_raw(dout=_desc((1, tq, h, d), ptr=0x60000))
+    with raises(ValueError, "dk: expected shape (90, 4, 64) like k, got (90, 8, 64)"):
+        bwd_raw(dk=_desc((tk, h, d), ptr=0x80000))
+    with raises(ValueError, "workspace: expected float32 with at least 800 elements"):
+        bwd_raw(workspace=_desc((799,), "float32", ptr=0xa0000))
+    with raises(ValueError, "lse: expected float32 (nheads, total_q) = (8, 100)"):
+        bwd_raw(lse=_desc((1, h, tq), "float32", ptr=0x50000))
+    with raises(TypeError, "cu_seqlens_q: expected int32 (batch + 1,) contiguous, got int64"):
+        bwd_raw(cu_seqlens_q=_desc((4,), "int64", ptr=0xb0000))

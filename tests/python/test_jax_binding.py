@@ -33,7 +33,7 @@ def test_ffi_handler_is_built_in():
     targets = _C.xla_ffi_targets()
     if not targets:
         pytest.fail("flashcute._C was built without the XLA FFI handler; CI builds with FLASHCUTE_XLA_FFI=ON")
-    assert set(targets) == {"flashcute_fwd", "flashcute_bwd"}
+    assert set(targets) == {"flashcute_fwd", "flashcute_bwd", "flashcute_varlen_fwd", "flashcute_varlen_bwd"}
     assert all(type(t).__name__ == "PyCapsule" for t in targets.values())
 
 
@@ -110,3 +110,34 @@ def test_cpu_arrays_are_refused():
     q = jax.device_put(np.zeros((1, 16, 2, 64), np.float16), jax.devices("cpu")[0])
     with pytest.raises(TypeError, match="q: expected a CUDA array, got a CPU jax.Array"):
         flashcute.flash_attn_func(q, q, q)
+
+
+def test_varlen_traces_to_its_custom_calls(fp16_d64):
+    from flashcute import _jax
+
+    _jax._register()
+    cu = spec(4, dtype=jnp.int32)
+
+    def loss(q, k, v, cu_q, cu_k):
+        return flashcute.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 40, 50, causal=True).astype(jnp.float32).sum()
+
+    args = (spec(100, 4, 64), spec(120, 2, 64), spec(120, 2, 64), cu, cu)
+    text = jaxpr(loss, *args)
+    assert "flashcute_varlen_fwd" in text, text
+    text = jaxpr(jax.grad(loss, argnums=(0, 1, 2)), *args)
+    assert "flashcute_varlen_bwd" in text, text
+    out, lse = jax.eval_shape(lambda *a: flashcute.flash_attn_varlen_func(*a, 40, 50, return_lse=True), *args)
+    assert out.shape == (100, 4, 64) and lse.shape == (4, 100)
+
+
+def test_varlen_trace_time_errors():
+    q, kv = spec(100, 4, 64), spec(120, 2, 64)
+    with pytest.raises(TypeError, match="cu_seqlens_q: expected int32"):
+        jax.make_jaxpr(lambda q, k, v, c: flashcute.flash_attn_varlen_func(q, k, v, c, c, 8, 8))(
+            q, kv, kv, spec(4, dtype=jnp.float32))
+    with pytest.raises(ValueError, match="cu_seqlens_k: shape"):
+        jax.make_jaxpr(lambda q, k, v, a, b: flashcute.flash_attn_varlen_func(q, k, v, a, b, 8, 8))(
+            q, kv, kv, spec(4, dtype=jnp.int32), spec(3, dtype=jnp.int32))
+    with pytest.raises(ValueError, match="q: expected 3 dims"):
+        jax.make_jaxpr(lambda q, k, v, c: flashcute.flash_attn_varlen_func(q, k, v, c, c, 8, 8))(
+            spec(1, 100, 4, 64), kv, kv, spec(4, dtype=jnp.int32))

@@ -44,6 +44,20 @@ struct FwdParams {
   // -1 is unbounded on that side. Causal is window_right = 0 (plan_fwd folds it in).
   int window_left = -1;
   int window_right = -1;
+
+  // Variable-length batch (FlashAttention-2's varlen), when cu_seqlens_q is set (then
+  // cu_seqlens_k is too). Sequence b's queries are rows [cu_seqlens_q[b], cu_seqlens_q[b + 1]) of
+  // q and o, which hold total_q rows (their batch stride is unused), and its keys the rows
+  // [cu_seqlens_k[b], cu_seqlens_k[b + 1]) of k and v (total_k rows). batch is then the number of
+  // sequences and seqlen_q / seqlen_k the largest lengths, which size the grid; lse is
+  // (nheads, total_q), its sequence b at offset cu_seqlens_q[b]. The arrays live on the device
+  // and are never read on the host: the kernels clamp each entry to [0, total] and each end to
+  // >= its start (common/seqlen.hpp), so no value in them makes a kernel touch memory outside
+  // the arrays.
+  const int* cu_seqlens_q = nullptr;
+  const int* cu_seqlens_k = nullptr;
+  int total_q = 0;
+  int total_k = 0;
 };
 
 // The backward pass reads the forward's arrays (o and lse are inputs here) and dout, and writes

@@ -1,8 +1,9 @@
 // flashcute/common/seqlen.hpp: where one batch entry's rows are, and how many there are.
 //
-// The one place a kernel learns the extent and the start of its sequences. Today every batch
-// entry has seqlen_q queries and seqlen_k keys at a fixed batch stride; variable-length batches
-// (cu_seqlens) and a paged KV cache change this constructor, not the kernels that use it.
+// The one place a kernel learns the extent and the start of its sequences: every batch entry has
+// seqlen_q queries and seqlen_k keys at a fixed batch stride, or, in a variable-length batch, the
+// rows that cu_seqlens gives it (FwdParams). A paged KV cache changes this constructor too, not
+// the kernels that use it.
 #pragma once
 
 #include <cstdint>
@@ -13,41 +14,75 @@
 
 namespace flashcute {
 
+// Entry b of a cu_seqlens array, clamped into [lo, total]: whatever the device array holds, the
+// rows a kernel derives from it stay inside the array they index.
+CUTE_HOST_DEVICE int clamped_row(const int* cu_seqlens, int b, int lo, int total) {
+  const int r = cu_seqlens[b];
+  return r < lo ? lo : (r > total ? total : r);
+}
+
 struct FwdSeqlen {
   int seqlen_q;       // query rows of this batch entry
   int seqlen_k;       // keys of this batch entry
+  int q_start = 0;    // varlen: this entry's first row of q/o (and column of lse), and of k/v
+  int k_start = 0;
   int64_t q_offset;   // element offsets of row 0 of this batch entry, head 0
   int64_t k_offset;
   int64_t v_offset;
   int64_t o_offset;
   int64_t lse_offset;
 
-  CUTE_HOST_DEVICE FwdSeqlen(const FwdParams& p, int batch)
-      : seqlen_q(p.seqlen_q),
-        seqlen_k(p.seqlen_k),
-        q_offset(batch * p.q_batch_stride),
-        k_offset(batch * p.k_batch_stride),
-        v_offset(batch * p.v_batch_stride),
-        o_offset(batch * p.o_batch_stride),
-        lse_offset(batch * p.lse_batch_stride) {}
+  CUTE_HOST_DEVICE FwdSeqlen(const FwdParams& p, int batch) {
+    if (p.cu_seqlens_q == nullptr) {
+      seqlen_q = p.seqlen_q;
+      seqlen_k = p.seqlen_k;
+      q_offset = batch * p.q_batch_stride;
+      k_offset = batch * p.k_batch_stride;
+      v_offset = batch * p.v_batch_stride;
+      o_offset = batch * p.o_batch_stride;
+      lse_offset = batch * p.lse_batch_stride;
+      return;
+    }
+    // Varlen (device only: the arrays are device memory). A decreasing pair gives length 0.
+    q_start = clamped_row(p.cu_seqlens_q, batch, 0, p.total_q);
+    k_start = clamped_row(p.cu_seqlens_k, batch, 0, p.total_k);
+    seqlen_q = clamped_row(p.cu_seqlens_q, batch + 1, q_start, p.total_q) - q_start;
+    seqlen_k = clamped_row(p.cu_seqlens_k, batch + 1, k_start, p.total_k) - k_start;
+    q_offset = q_start * p.q_row_stride;
+    k_offset = k_start * p.k_row_stride;
+    v_offset = k_start * p.v_row_stride;
+    o_offset = q_start * p.o_row_stride;
+    lse_offset = q_start;  // lse is (nheads, total_q) with unit row stride
+  }
 };
 
 // The backward's extra arrays: dout and dq have q's rows, dk and dv k's; dsum is (batch, nheads,
-// seqlen_q) contiguous.
+// seqlen_q) contiguous, or (nheads, total_q) for a varlen batch.
 struct BwdSeqlen : FwdSeqlen {
   int64_t do_offset;
   int64_t dq_offset;
   int64_t dk_offset;
   int64_t dv_offset;
-  int64_t dsum_offset;
+  int64_t dsum_offset;       // of this entry's row 0, head 0
+  int64_t dsum_head_stride;  // between the heads of dsum
 
-  CUTE_HOST_DEVICE BwdSeqlen(const BwdParams& p, int batch)
-      : FwdSeqlen(p, batch),
-        do_offset(batch * p.do_batch_stride),
-        dq_offset(batch * p.dq_batch_stride),
-        dk_offset(batch * p.dk_batch_stride),
-        dv_offset(batch * p.dv_batch_stride),
-        dsum_offset(int64_t(batch) * p.nheads * p.seqlen_q) {}
+  CUTE_HOST_DEVICE BwdSeqlen(const BwdParams& p, int batch) : FwdSeqlen(p, batch) {
+    if (p.cu_seqlens_q == nullptr) {
+      do_offset = batch * p.do_batch_stride;
+      dq_offset = batch * p.dq_batch_stride;
+      dk_offset = batch * p.dk_batch_stride;
+      dv_offset = batch * p.dv_batch_stride;
+      dsum_offset = int64_t(batch) * p.nheads * p.seqlen_q;
+      dsum_head_stride = p.seqlen_q;
+    } else {
+      do_offset = q_start * p.do_row_stride;
+      dq_offset = q_start * p.dq_row_stride;
+      dk_offset = k_start * p.dk_row_stride;
+      dv_offset = k_start * p.dv_row_stride;
+      dsum_offset = q_start;
+      dsum_head_stride = p.total_q;
+    }
+  }
 };
 
 }  // namespace flashcute

@@ -15,13 +15,14 @@ inline constexpr int kMaxHeadDim = 256;
 
 // Element types of the arrays flashcute reads and writes. kOther stands for anything else a
 // caller may pass (int8, float64, ...), so that validation can name it and refuse it.
-enum class DType : uint8_t { kFloat16, kBFloat16, kFloat32, kOther };
+enum class DType : uint8_t { kFloat16, kBFloat16, kFloat32, kInt32, kOther };
 
 constexpr const char* dtype_name(DType d) {
   switch (d) {
     case DType::kFloat16: return "float16";
     case DType::kBFloat16: return "bfloat16";
     case DType::kFloat32: return "float32";
+    case DType::kInt32: return "int32";
     default: return "an unsupported dtype";
   }
 }

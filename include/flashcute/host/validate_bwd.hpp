@@ -6,6 +6,7 @@
 #pragma once
 
 #include <string>
+#include <tuple>
 
 #include "flashcute/host/validate_fwd.hpp"
 
@@ -31,6 +32,9 @@ struct BwdArgs {
   int64_t window_right = -1;
   double softcap = 0.0;
   bool deterministic = false;  // every backward is deterministic today (sm80/kernel_bwd.hpp)
+  // Set: a variable-length batch (VarlenArgs): every array has no batch dim, lse is
+  // (nheads, total_q), and the workspace holds bwd_workspace_floats(1, nheads, total_q).
+  std::optional<VarlenArgs> varlen;
 
   void set_options(double scale, bool is_causal, int64_t left, int64_t right, double cap) {
     softmax_scale = scale;
@@ -80,19 +84,38 @@ inline Status plan_bwd(const BwdArgs& a, BwdPlan& plan) {
   static_cast<TensorRef&>(f.lse.emplace()) = a.lse;
   f.set_options(a.softmax_scale.value_or(0.0), a.causal, a.window_left, a.window_right, a.softcap);
   f.softmax_scale = a.softmax_scale;
+  f.varlen = a.varlen;
   FwdPlan fwd;
   FLASHCUTE_RETURN_IF_ERROR(plan_fwd(f, fwd));
 
-  FLASHCUTE_RETURN_IF_ERROR(check_like("dout", a.dout, a.q, "q"));
-  FLASHCUTE_RETURN_IF_ERROR(check_like("dq", a.dq, a.q, "q"));
-  FLASHCUTE_RETURN_IF_ERROR(check_like("dk", a.dk, a.k, "k"));
-  FLASHCUTE_RETURN_IF_ERROR(check_like("dv", a.dv, a.v, "v"));
-  FLASHCUTE_RETURN_IF_ERROR(check_no_overlap("dq", a.dq));
-  FLASHCUTE_RETURN_IF_ERROR(check_no_overlap("dk", a.dk));
-  FLASHCUTE_RETURN_IF_ERROR(check_no_overlap("dv", a.dv));
+  // A varlen call's arrays are checked as the batch-1 views that plan_fwd checked q, k, v through.
+  auto view = [&](const auto& t) { return a.varlen ? with_unit_batch(t) : t; };
+  if (a.varlen) {
+    FLASHCUTE_RETURN_IF_ERROR(check_rank("dout", a.dout, 3, "(total_q, nheads, headdim) like q"));
+    FLASHCUTE_RETURN_IF_ERROR(check_rank("dq", a.dq, 3, "(total_q, nheads, headdim) like q"));
+    FLASHCUTE_RETURN_IF_ERROR(check_rank("dk", a.dk, 3, "(total_k, nheads_k, headdim) like k"));
+    FLASHCUTE_RETURN_IF_ERROR(check_rank("dv", a.dv, 3, "(total_k, nheads_k, headdim) like v"));
+    const std::tuple<const char*, const TensorRef&, const TensorRef&, const char*> like[4] = {
+        {"dout", a.dout, a.q, "q"}, {"dq", a.dq, a.q, "q"}, {"dk", a.dk, a.k, "k"}, {"dv", a.dv, a.v, "v"}};
+    for (const auto& [name, t, ref, ref_name] : like) {
+      for (int i = 0; i < 3; ++i)
+        if (t.shape[i] != ref.shape[i])
+          return Status::invalid_argument(name, "shape " + shape_str(ref) + " like " + ref_name, shape_str(t));
+    }
+  }
+  const TensorRef dout = view(a.dout), q = view(a.q), k = view(a.k), v = view(a.v);
+  const MutableTensorRef dq = view(a.dq), dk = view(a.dk), dv = view(a.dv);
+  FLASHCUTE_RETURN_IF_ERROR(check_like("dout", dout, q, "q"));
+  FLASHCUTE_RETURN_IF_ERROR(check_like("dq", dq, q, "q"));
+  FLASHCUTE_RETURN_IF_ERROR(check_like("dk", dk, k, "k"));
+  FLASHCUTE_RETURN_IF_ERROR(check_like("dv", dv, v, "v"));
+  FLASHCUTE_RETURN_IF_ERROR(check_no_overlap("dq", dq));
+  FLASHCUTE_RETURN_IF_ERROR(check_no_overlap("dk", dk));
+  FLASHCUTE_RETURN_IF_ERROR(check_no_overlap("dv", dv));
 
   const FwdParams& p = fwd.params;
-  const int64_t need = bwd_workspace_floats(p.batch, p.nheads, p.seqlen_q);
+  const int64_t need = a.varlen ? bwd_workspace_floats(1, p.nheads, p.total_q)
+                                : bwd_workspace_floats(p.batch, p.nheads, p.seqlen_q);
   if (a.workspace.dtype != DType::kFloat32 || a.workspace.numel() < need)
     return Status::invalid_argument("workspace", "float32 with at least " + std::to_string(need) + " elements",
                                     std::string(a.workspace.dtype_str()) + " with " +
@@ -110,7 +133,8 @@ inline Status plan_bwd(const BwdArgs& a, BwdPlan& plan) {
 
   plan = BwdPlan{};
   plan.kernel = KernelKey{Arch::kSm80, Direction::kBwd, a.q.dtype, kernel_hd};
-  plan.empty = p.batch == 0 || (p.seqlen_q == 0 && p.seqlen_k == 0);
+  plan.empty = p.batch == 0 || (p.seqlen_q == 0 && p.seqlen_k == 0) ||
+               (a.varlen && p.total_q == 0 && p.total_k == 0);
   BwdParams& b = plan.params;
   static_cast<FwdParams&>(b) = p;
   b.dout = a.dout.data;
@@ -118,10 +142,11 @@ inline Status plan_bwd(const BwdArgs& a, BwdPlan& plan) {
   b.dk = a.dk.mutable_data();
   b.dv = a.dv.mutable_data();
   b.dsum = static_cast<float*>(a.workspace.mutable_data());
-  b.do_batch_stride = kstride(a.dout, 0), b.do_row_stride = kstride(a.dout, 1), b.do_head_stride = kstride(a.dout, 2);
-  b.dq_batch_stride = kstride(a.dq, 0), b.dq_row_stride = kstride(a.dq, 1), b.dq_head_stride = kstride(a.dq, 2);
-  b.dk_batch_stride = kstride(a.dk, 0), b.dk_row_stride = kstride(a.dk, 1), b.dk_head_stride = kstride(a.dk, 2);
-  b.dv_batch_stride = kstride(a.dv, 0), b.dv_row_stride = kstride(a.dv, 1), b.dv_head_stride = kstride(a.dv, 2);
+  b.do_batch_stride = kstride(dout, 0), b.do_row_stride = kstride(dout, 1), b.do_head_stride = kstride(dout, 2);
+  b.dq_batch_stride = kstride(dq, 0), b.dq_row_stride = kstride(dq, 1), b.dq_head_stride = kstride(dq, 2);
+  b.dk_batch_stride = kstride(dk, 0), b.dk_row_stride = kstride(dk, 1), b.dk_head_stride = kstride(dk, 2);
+  b.dv_batch_stride = kstride(dv, 0), b.dv_row_stride = kstride(dv, 1), b.dv_head_stride = kstride(dv, 2);
+  if (a.varlen) b.do_batch_stride = b.dq_batch_stride = b.dk_batch_stride = b.dv_batch_stride = 0;
   return Status::success();
 }
 

@@ -30,6 +30,19 @@
 
 namespace flashcute {
 
+// A variable-length batch, as FlashAttention-2's varlen functions take it: the sequences are
+// packed along one row dim, q / out (total_q, nheads, head_dim), k / v (total_k, nheads_k,
+// head_dim), and lse (nheads, total_q). The cu_seqlens arrays are device memory and are never
+// read on the host (so a call can be captured in a CUDA graph); the kernels clamp their entries
+// into the arrays (common/seqlen.hpp). As in FlashAttention-2, max_seqlen_q / max_seqlen_k must
+// be at least every sequence's length: they size the grid, and rows past them are not computed.
+struct VarlenArgs {
+  TensorRef cu_seqlens_q;    // int32 (batch + 1,): sequence b's queries are rows [cu[b], cu[b + 1])
+  TensorRef cu_seqlens_k;    // int32 (batch + 1,): its keys, rows of k and v
+  int64_t max_seqlen_q = 0;  // the longest sequence's query count
+  int64_t max_seqlen_k = 0;  // the longest sequence's key count
+};
+
 // A forward call: out = softmax(q k^T * softmax_scale, masked) v, and optionally its logsumexp.
 struct FwdArgs {
   TensorRef q;  // (batch, seqlen_q, nheads, head_dim), float16 or bfloat16
@@ -42,6 +55,8 @@ struct FwdArgs {
   int64_t window_left = -1;             // -1: unbounded
   int64_t window_right = -1;            // -1: unbounded; causal makes it 0
   double softcap = 0.0;                 // > 0: scores = softcap * tanh(scores / softcap)
+  // Set: a variable-length batch; q, k, v and out have no batch dim and lse is (nheads, total_q).
+  std::optional<VarlenArgs> varlen;
 
   // The options at once, in the order every binding receives them.
   void set_options(double scale, bool is_causal, int64_t left, int64_t right, double cap) {
@@ -212,6 +227,108 @@ inline Status head_dim_not_compiled(int64_t head_dim, DType dtype) {
           join_head_dims(wanted, n_wanted, ","));
 }
 
+// A cu_seqlens array: int32 (batch + 1,), contiguous, 4-byte aligned.
+inline Status check_cu_seqlens(const char* name, const TensorRef& t) {
+  const char* what = "int32 (batch + 1,) contiguous";
+  if (t.dtype != DType::kInt32) return Status::invalid_type(name, what, t.dtype_str());
+  if (t.rank != 1 || t.shape[0] < 1)
+    return Status::invalid_argument(name, what, "shape " + shape_str(t),
+                                    std::string(name) + ": expected " + what + ", got shape " + shape_str(t));
+  if (t.shape[0] > 1 && t.stride[0] != 1)
+    return Status::invalid_argument(name, what, "strides " + strides_str(t));
+  return check_data(name, t, 4);
+}
+
+// `t` with a leading dim of extent 1: a (total, heads, dim) varlen array as the (batch = 1) array
+// the fixed-length rules check.
+template <class Ref>
+Ref with_unit_batch(const Ref& t) {
+  Ref r = t;
+  if (t.rank >= TensorRef::kMaxRank) return r;
+  r.rank = t.rank + 1;
+  r.shape[0] = 1;
+  r.stride[0] = t.rank > 0 ? t.shape[0] * t.stride[0] : 1;
+  for (int i = 0; i < t.rank; ++i) r.shape[i + 1] = t.shape[i], r.stride[i + 1] = t.stride[i];
+  return r;
+}
+
+}  // namespace detail
+
+inline Status plan_fwd(const FwdArgs& a, FwdPlan& plan);
+
+namespace detail {
+
+// plan_fwd of a variable-length batch: its own arrays and ranks checked here, everything else by
+// the fixed-length rules on a batch-1 view of the packed arrays, whose plan then learns the
+// sequences.
+inline Status plan_fwd_varlen(const FwdArgs& a, FwdPlan& plan) {
+  const VarlenArgs& vl = *a.varlen;
+  FLASHCUTE_RETURN_IF_ERROR(check_cu_seqlens("cu_seqlens_q", vl.cu_seqlens_q));
+  FLASHCUTE_RETURN_IF_ERROR(check_cu_seqlens("cu_seqlens_k", vl.cu_seqlens_k));
+  if (vl.cu_seqlens_k.shape[0] != vl.cu_seqlens_q.shape[0])
+    return Status::invalid_argument("cu_seqlens_k", "shape " + shape_str(vl.cu_seqlens_q) + " like cu_seqlens_q",
+                                    shape_str(vl.cu_seqlens_k),
+                                    "cu_seqlens_k: shape " + shape_str(vl.cu_seqlens_k) +
+                                        " does not match cu_seqlens_q's " + shape_str(vl.cu_seqlens_q) +
+                                        " (both are (batch + 1,))");
+  for (auto [name, v] : {std::pair<const char*, int64_t>{"max_seqlen_q", vl.max_seqlen_q}, {"max_seqlen_k", vl.max_seqlen_k}}) {
+    if (v < 0 || v > INT_MAX)
+      return Status::invalid_argument(name, ">= 0 and <= " + std::to_string(INT_MAX), std::to_string(v),
+                                      std::string(name) + " must be >= 0 and <= " + std::to_string(INT_MAX) +
+                                          ", got " + std::to_string(v));
+  }
+  FLASHCUTE_RETURN_IF_ERROR(check_rank("q", a.q, 3, "(total_q, nheads, headdim)"));
+  FLASHCUTE_RETURN_IF_ERROR(check_rank("k", a.k, 3, "(total_k, nheads_k, headdim)"));
+  FLASHCUTE_RETURN_IF_ERROR(check_rank("v", a.v, 3, "(total_k, nheads_k, headdim) like k"));
+  FLASHCUTE_RETURN_IF_ERROR(check_rank("out", a.out, 3, "(total_q, nheads, headdim) like q"));
+  if (a.k.shape[2] != a.q.shape[2])
+    return Status::invalid_argument("k", "headdim " + std::to_string(a.q.shape[2]) + " like q",
+                                    std::to_string(a.k.shape[2]),
+                                    "k: headdim " + std::to_string(a.k.shape[2]) + " does not match q's headdim " +
+                                        std::to_string(a.q.shape[2]) + " (k is " + shape_str(a.k) + ", q is " +
+                                        shape_str(a.q) + ")");
+  for (int i = 0; i < 3; ++i) {
+    if (a.v.shape[i] != a.k.shape[i]) return Status::invalid_argument("v", "shape " + shape_str(a.k) + " like k", shape_str(a.v));
+    if (a.out.shape[i] != a.q.shape[i])
+      return Status::invalid_argument("out", "shape " + shape_str(a.q) + " like q", shape_str(a.out));
+  }
+  if (a.lse) {
+    const TensorRef& lse = *a.lse;
+    const int64_t expected[2] = {a.q.shape[1], a.q.shape[0]};
+    const std::string what = "float32 (nheads, total_q) = " + tuple_str(expected, 2) + " contiguous in total_q";
+    if (lse.dtype != DType::kFloat32) return Status::invalid_type("lse", what, std::string("dtype ") + lse.dtype_str());
+    if (lse.rank != 2 || lse.shape[0] != expected[0] || lse.shape[1] != expected[1])
+      return Status::invalid_argument("lse", what, "shape " + shape_str(lse));
+  }
+  FLASHCUTE_RETURN_IF_ERROR(check_int32("q", "total_q", a.q.shape[0]));
+  FLASHCUTE_RETURN_IF_ERROR(check_int32("k", "total_k", a.k.shape[0]));
+  const int64_t batch = vl.cu_seqlens_q.shape[0] - 1;
+  if (batch > 65535)
+    return Status::invalid_argument("cu_seqlens_q", "at most 65536 entries (batch <= 65535)",
+                                    std::to_string(batch + 1) + " entries");
+
+  FwdArgs fixed = a;
+  fixed.varlen.reset();
+  fixed.q = with_unit_batch(a.q);
+  fixed.k = with_unit_batch(a.k);
+  fixed.v = with_unit_batch(a.v);
+  fixed.out = with_unit_batch(a.out);
+  if (a.lse) fixed.lse = with_unit_batch(*a.lse);
+  FLASHCUTE_RETURN_IF_ERROR(plan_fwd(fixed, plan));  // its window bounds are normalised by the totals
+
+  FwdParams& p = plan.params;
+  p.total_q = int(a.q.shape[0]);
+  p.total_k = int(a.k.shape[0]);
+  p.cu_seqlens_q = static_cast<const int*>(vl.cu_seqlens_q.data);
+  p.cu_seqlens_k = static_cast<const int*>(vl.cu_seqlens_k.data);
+  p.batch = int(batch);
+  p.seqlen_q = int(vl.max_seqlen_q);
+  p.seqlen_k = int(vl.max_seqlen_k);
+  p.q_batch_stride = p.k_batch_stride = p.v_batch_stride = p.o_batch_stride = p.lse_batch_stride = 0;
+  plan.empty = batch == 0 || vl.max_seqlen_q == 0 || p.total_q == 0;
+  return Status::success();
+}
+
 }  // namespace detail
 
 // Checks a forward call and, when it is valid, fills `plan`. The checks run in a fixed order
@@ -219,6 +336,7 @@ inline Status head_dim_not_compiled(int64_t head_dim, DType dtype) {
 // first failure is returned.
 inline Status plan_fwd(const FwdArgs& a, FwdPlan& plan) {
   using namespace detail;
+  if (a.varlen) return plan_fwd_varlen(a, plan);
   const TensorRef &q = a.q, &k = a.k, &v = a.v, &out = a.out;
 
   // 1. Ranks and dtypes.

@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(256) bwd_dsum_kernel(__grid_constant__ const B
   const BwdSeqlen seq(params, batch);
   auto const* o = static_cast<Element const*>(params.o) + seq.o_offset + head * params.o_head_stride;
   auto const* dout = static_cast<Element const*>(params.dout) + seq.do_offset + head * params.do_head_stride;
-  float* dsum = params.dsum + seq.dsum_offset + int64_t(head) * seq.seqlen_q;
+  float* dsum = params.dsum + seq.dsum_offset + int64_t(head) * seq.dsum_head_stride;
   for (int r = warp; r < kRowsPerCta; r += 8) {
     const int row = blockIdx.x * kRowsPerCta + r;
     if (row >= seq.seqlen_q) break;
@@ -158,6 +158,7 @@ __global__ void __launch_bounds__(Traits::kKvThreads) bwd_dkdv_kernel(__grid_con
   const int group = params.nheads / params.nheads_k;
   const BwdSeqlen seq(params, batch);
   const int n0 = n_block * kBlockN;
+  if (n0 >= seq.seqlen_k) return;  // varlen: this sequence is shorter than the grid's longest
   const int k_rows = seq.seqlen_k - n0;  // valid keys of this block (may exceed kBlockN)
 
   // The query blocks that see any key of this block: [m_block_min, m_block_max).
@@ -239,7 +240,7 @@ __global__ void __launch_bounds__(Traits::kKvThreads) bwd_dkdv_kernel(__grid_con
       const int row = min(m0 + tid, seq.seqlen_q - 1);
       const bool ok = m0 + tid < seq.seqlen_q;
       float const* lse_row = params.lse + seq.lse_offset + head * params.lse_head_stride + row;
-      float const* dsum_row = params.dsum + seq.dsum_offset + int64_t(head) * seq.seqlen_q + row;
+      float const* dsum_row = params.dsum + seq.dsum_offset + int64_t(head) * seq.dsum_head_stride + row;
       SM80_CP_ASYNC_CACHEALWAYS_ZFILL<uint32_t>::copy(*reinterpret_cast<uint32_t const*>(lse_row),
                                                        *reinterpret_cast<uint32_t*>(sLse + stage * kBlockM + tid), ok);
       SM80_CP_ASYNC_CACHEALWAYS_ZFILL<uint32_t>::copy(*reinterpret_cast<uint32_t const*>(dsum_row),
@@ -374,6 +375,7 @@ __global__ void __launch_bounds__(Traits::kQThreads) bwd_dq_kernel(__grid_consta
   const int tid = threadIdx.x;
   const BwdSeqlen seq(params, batch);
   const int m0 = m_block * kBlockM;
+  if (m0 >= seq.seqlen_q) return;  // varlen: this sequence is shorter than the grid's longest
   const int q_rows = seq.seqlen_q - m0;
 
   const KeyMask mask{seq.seqlen_k, seq.seqlen_k - seq.seqlen_q, params.window_left, params.window_right};
@@ -458,7 +460,7 @@ __global__ void __launch_bounds__(Traits::kQThreads) bwd_dq_kernel(__grid_consta
     const int row = m0 + get<0>(tScS(i, 0));
     const bool ok = row < seq.seqlen_q;
     row_lse2[i] = ok ? bwd_detail::lse_log2(params.lse[seq.lse_offset + head * params.lse_head_stride + row]) : INFINITY;
-    row_dsum[i] = ok ? params.dsum[seq.dsum_offset + int64_t(head) * seq.seqlen_q + row] : 0.f;
+    row_dsum[i] = ok ? params.dsum[seq.dsum_offset + int64_t(head) * seq.dsum_head_stride + row] : 0.f;
   }
 
   // Prologue: Q, dO and the last (possibly ragged) key block, in one group.

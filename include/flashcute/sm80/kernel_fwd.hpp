@@ -50,6 +50,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
   const int tid = threadIdx.x;
   const FwdSeqlen seq(params, batch);  // this batch entry's extents and offsets
   const int m0 = m_block * kBlockM;
+  if (m0 >= seq.seqlen_q) return;  // varlen: this sequence is shorter than the grid's longest
   const int q_rows = seq.seqlen_q - m0;  // valid rows of this Q tile (may exceed kBlockM)
 
   // The key blocks any row of this tile can see: [n_block_min, n_block_max).
