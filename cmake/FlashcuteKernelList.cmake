@@ -73,6 +73,9 @@ foreach(_family IN LISTS FLASHCUTE_FAMILIES)
       endforeach()
     endforeach()
   endforeach()
+  if(_sources AND _family STREQUAL "sm80")
+    list(APPEND _sources "${PROJECT_SOURCE_DIR}/src/merge.cu")  # merge_attn_states, every dtype
+  endif()
   if(_sources)
     # One object library per family: its own CUDA_ARCHITECTURES (SASS for each arch, PTX for the newest).
     set(_archs ${_flashcute_${_family}_archs})

@@ -541,6 +541,49 @@ void bwd_raw(nb::handle dout, nb::handle q, nb::handle k, nb::handle v, nb::hand
   if (!plan.empty) launch_on_device(plan, device, stream, check_stream_device);
 }
 
+// ---------------------------------------------------------------------------
+// merge, merge_raw: merge_attn_states (DLPack arrays / plain descriptors)
+// ---------------------------------------------------------------------------
+
+void merge(nb::handle out_a_obj, nb::handle lse_a_obj, nb::handle out_b_obj, nb::handle lse_b_obj, nb::handle out_obj,
+           nb::handle lse_obj, int64_t stream) {
+  const Input out_a = import_input("out_a", out_a_obj);
+  const Input lse_a = import_input("lse_a", lse_a_obj);
+  const Input out_b = import_input("out_b", out_b_obj);
+  const Input lse_b = import_input("lse_b", lse_b_obj);
+  const Output out = import_output("out", out_obj);
+  const Output lse = import_output("lse", lse_obj);
+  if (stream < 0) value_error("stream: expected a CUDA stream handle >= 0, got " + std::to_string(stream));
+  flashcute::MergeArgs args{out_a.ref, lse_a.ref, out_b.ref, lse_b.ref, out.ref, lse.ref};
+  flashcute::MergePlan plan;
+  if (flashcute::Status st = flashcute::plan_merge(args, plan); !st.ok()) raise_status(st);
+  check_device("out_a", out_a.array, out_a.array);
+  check_device("lse_a", lse_a.array, out_a.array);
+  check_device("out_b", out_b.array, out_a.array);
+  check_device("lse_b", lse_b.array, out_a.array);
+  check_device("out", out.array, out_a.array);
+  check_device("lse", lse.array, out_a.array);
+  if (plan.empty) return;
+  launch_on_device(plan, out_a.array.device_id(), stream, /*check_stream_device=*/true);
+}
+
+void merge_raw(nb::handle out_a, nb::handle lse_a, nb::handle out_b, nb::handle lse_b, nb::handle out, nb::handle lse,
+               int device, int64_t stream, bool check_stream_device) {
+  std::string labels[6];
+  flashcute::MergeArgs args;
+  args.out_a = ref_from_desc<flashcute::TensorRef>("out_a", out_a, labels[0]);
+  args.lse_a = ref_from_desc<flashcute::TensorRef>("lse_a", lse_a, labels[1]);
+  args.out_b = ref_from_desc<flashcute::TensorRef>("out_b", out_b, labels[2]);
+  args.lse_b = ref_from_desc<flashcute::TensorRef>("lse_b", lse_b, labels[3]);
+  args.out = ref_from_desc<flashcute::MutableTensorRef>("out", out, labels[4]);
+  args.lse = ref_from_desc<flashcute::MutableTensorRef>("lse", lse, labels[5]);
+  if (stream < 0) value_error("stream: expected a CUDA stream handle >= 0, got " + std::to_string(stream));
+  if (device < 0) value_error("device: expected a CUDA device index >= 0, got " + std::to_string(device));
+  flashcute::MergePlan plan;
+  if (flashcute::Status st = flashcute::plan_merge(args, plan); !st.ok()) raise_status(st);
+  if (!plan.empty) launch_on_device(plan, device, stream, check_stream_device);
+}
+
 int64_t bwd_workspace_floats(int64_t batch, int64_t nheads, int64_t seqlen_q) {
   return flashcute::bwd_workspace_floats(batch, nheads, seqlen_q);
 }
@@ -718,6 +761,14 @@ NB_MODULE(_C, m) {
         "stream"_a, "check_stream_device"_a, "cu_seqlens_q"_a.none() = nb::none(), "cu_seqlens_k"_a.none() = nb::none(), "max_seqlen_q"_a = 0,
         "max_seqlen_k"_a = 0,
         "bwd() for arrays described as (data_ptr, shape, strides, dtype name) tuples (see fwd_raw).");
+  m.def("merge", &merge, "out_a"_a.none(), "lse_a"_a.none(), "out_b"_a.none(), "lse_b"_a.none(), "out"_a.none(),
+        "lse"_a.none(), "stream"_a,
+        "merge_attn_states: writes out and lse, the attention over the union of two disjoint key sets, from\n"
+        "each set's (out, lse), on `stream`. out_*: (batch, seqlen, nheads, headdim) or (total, nheads, headdim),\n"
+        "float16 / bfloat16 / float32; lse_*: float32 (batch, nheads, seqlen) or (nheads, total). out may be\n"
+        "out_a (in place). The same error rules as fwd().");
+  m.def("merge_raw", &merge_raw, "out_a"_a, "lse_a"_a, "out_b"_a, "lse_b"_a, "out"_a, "lse"_a, "device"_a, "stream"_a,
+        "check_stream_device"_a, "merge() for arrays described as (data_ptr, shape, strides, dtype name) tuples.");
   m.def("bwd_workspace_floats", &bwd_workspace_floats, "batch"_a, "nheads"_a, "seqlen_q"_a,
         "float32 elements of workspace a backward call of these shapes needs.");
   m.def("xla_ffi_targets", &xla_ffi_targets,

@@ -151,7 +151,30 @@ ffi::Error varlen_bwd_impl(cudaStream_t stream, ffi::AnyBuffer dout, ffi::AnyBuf
   return to_ffi_error(st);
 }
 
+ffi::Error merge_impl(cudaStream_t stream, ffi::AnyBuffer out_a, ffi::AnyBuffer lse_a, ffi::AnyBuffer out_b,
+                      ffi::AnyBuffer lse_b, ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse) {
+  flashcute::MergeArgs args;
+  args.out_a = describe<flashcute::TensorRef>(out_a);
+  args.lse_a = describe<flashcute::TensorRef>(lse_a);
+  args.out_b = describe<flashcute::TensorRef>(out_b);
+  args.lse_b = describe<flashcute::TensorRef>(lse_b);
+  args.out = describe<flashcute::MutableTensorRef>(*out);
+  args.lse = describe<flashcute::MutableTensorRef>(*lse);
+  return to_ffi_error(flashcute::run_merge(args, stream));
+}
+
 }  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(flashcute_xla_merge, merge_impl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()  // out_a
+                                  .Arg<ffi::AnyBuffer>()  // lse_a
+                                  .Arg<ffi::AnyBuffer>()  // out_b
+                                  .Arg<ffi::AnyBuffer>()  // lse_b
+                                  .Ret<ffi::AnyBuffer>()  // out
+                                  .Ret<ffi::AnyBuffer>(),  // lse
+                              {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(flashcute_xla_varlen_fwd, varlen_fwd_impl,
                               ffi::Ffi::Bind()
@@ -235,5 +258,6 @@ std::vector<std::pair<const char*, void*>> flashcute_xla_ffi_handlers() {
   return {{"flashcute_fwd", reinterpret_cast<void*>(flashcute_xla_fwd)},
           {"flashcute_bwd", reinterpret_cast<void*>(flashcute_xla_bwd)},
           {"flashcute_varlen_fwd", reinterpret_cast<void*>(flashcute_xla_varlen_fwd)},
-          {"flashcute_varlen_bwd", reinterpret_cast<void*>(flashcute_xla_varlen_bwd)}};
+          {"flashcute_varlen_bwd", reinterpret_cast<void*>(flashcute_xla_varlen_bwd)},
+          {"flashcute_merge", reinterpret_cast<void*>(flashcute_xla_merge)}};
 }

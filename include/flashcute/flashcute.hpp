@@ -13,3 +13,4 @@
 #include "flashcute/host/api.hpp"
 #include "flashcute/sm80/launch_bwd.hpp"
 #include "flashcute/sm80/launch_fwd.hpp"
+#include "flashcute/sm80/kernel_merge.hpp"

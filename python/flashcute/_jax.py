@@ -35,6 +35,7 @@ from . import _C
 _TARGET = "flashcute_fwd"
 _BWD_TARGET = "flashcute_bwd"
 _VARLEN_TARGETS = ("flashcute_varlen_fwd", "flashcute_varlen_bwd")
+_MERGE_TARGET = "flashcute_merge"
 _registered = False
 
 
@@ -59,7 +60,7 @@ def _register() -> None:
             "(build option FLASHCUTE_XLA_FFI; install jax before building flashcute, or set it to ON)"
         )
     jax.ffi.register_ffi_target(_TARGET, targets[_TARGET], platform="CUDA")
-    for name in (_BWD_TARGET, *_VARLEN_TARGETS):
+    for name in (_BWD_TARGET, *_VARLEN_TARGETS, _MERGE_TARGET):
         if name in targets:
             jax.ffi.register_ffi_target(name, targets[name], platform="CUDA")
     _registered = True
@@ -261,3 +262,29 @@ def flash_attn_varlen(q: Any, k: Any, v: Any, cu_q: Any, cu_k: Any, max_q: int, 
         raise NotImplementedError("flashcute's JAX binding has no varlen handler in this build")
     o, lse = _varlen_attention(q, k, v, cu_q, cu_k, sizes, opts)
     return o, (lse if return_lse else None)
+
+
+# ---------------------------------------------------------------------------------------- merge
+
+
+def _merge_call(out_a, lse_a, out_b, lse_b):
+    call = jax.ffi.ffi_call(_MERGE_TARGET, (jax.ShapeDtypeStruct(out_a.shape, out_a.dtype),
+                                           jax.ShapeDtypeStruct(lse_a.shape, jnp.float32)))
+    return call(out_a, lse_a, out_b, lse_b)
+
+
+_merge = _sequential_vmap(_merge_call, 2)
+
+
+def merge_attn_states(out_a: Any, lse_a: Any, out_b: Any, lse_b: Any) -> Tuple[Any, Any]:
+    """merge_attn_states' JAX path (not differentiable). Shapes and dtypes are checked at trace time."""
+    for name, x, ref, ref_name in (("out_b", out_b, out_a, "out_a"), ("lse_b", lse_b, lse_a, "lse_a")):
+        if tuple(x.shape) != tuple(ref.shape):
+            raise ValueError(f"{name}: expected shape {tuple(ref.shape)} like {ref_name}, got {tuple(x.shape)}")
+        if x.dtype != ref.dtype:
+            raise TypeError(f"{name}: expected {_dtype_name(ref)} like {ref_name}, got {_dtype_name(x)}")
+    for name, x in (("lse_a", lse_a), ("lse_b", lse_b)):
+        if _dtype_name(x) != "float32":
+            raise TypeError(f"{name}: expected float32, got {_dtype_name(x)}")
+    _register()
+    return _merge(out_a, lse_a, out_b, lse_b)

@@ -413,3 +413,72 @@ def flash_attn_varlen(q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Tenso
         _varlen_launch(q, k, v, out, lse, cu_q, cu_k, max_q, max_k, args, index, launch_stream,
                        launch_stream != current)
     return out, lse
+
+
+# ---------------------------------------------------------------------------------------- merge
+
+_lib.define("merge_attn_states(Tensor out_a, Tensor lse_a, Tensor out_b, Tensor lse_b) -> (Tensor, Tensor)")
+
+
+def _merge_device(*named: Tuple[str, Optional[Tensor]]) -> int:
+    """The one CUDA device of the named tensors (the first is the reference); raises naming the first
+    that is not there."""
+    ref_name, ref = named[0]
+    for name, t in named:
+        if t is None:
+            continue
+        if not t.is_cuda:
+            raise TypeError(f"{name}: expected a CUDA array, got a {t.device.type.upper()} torch.Tensor")
+        if t.get_device() != ref.get_device():
+            raise ValueError(f"{name}: on {t.device} but {ref_name} is on {ref.device}")
+    return ref.get_device()
+
+
+def _merge_launch(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor, out: Tensor, lse: Tensor, index: int,
+                  stream: int, check_stream_device: bool) -> None:
+    _C.merge_raw(_desc(out_a), _desc(lse_a), _desc(out_b), _desc(lse_b), _desc(out), _desc(lse), index, stream,
+                 check_stream_device)
+
+
+def _merge_cuda(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> Tuple[Tensor, Tensor]:
+    """flashcute::merge_attn_states: (out, lse) over the union of two disjoint key sets."""
+    index = _merge_device(("out_a", out_a), ("lse_a", lse_a), ("out_b", out_b), ("lse_b", lse_b))
+    out, lse = out_a.new_empty(out_a.shape), lse_a.new_empty(lse_a.shape)
+    _merge_launch(out_a, lse_a, out_b, lse_b, out, lse, index, _current_stream(index), False)
+    return out, lse
+
+
+_lib.impl("merge_attn_states", _merge_cuda, "CUDA")
+
+
+@torch.library.register_fake("flashcute::merge_attn_states", lib=_lib)
+def _merge_fake(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> Tuple[Tensor, Tensor]:
+    return out_a.new_empty(out_a.shape), lse_a.new_empty(lse_a.shape)
+
+
+_merge_op = torch.ops.flashcute.merge_attn_states.default
+
+
+def merge_attn_states(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor, out: Optional[Tensor],
+                      stream: Optional[int]) -> Tuple[Tensor, Tensor]:
+    """merge_attn_states' torch path: the op, or a direct launch for out= / stream= (eager only)."""
+    if out is None and stream is None:
+        return _merge_op(out_a, lse_a, out_b, lse_b)
+    if _may_be_traced(out_a, lse_a, out_b, lse_b, out):
+        raise TypeError("out=, stream=: not supported under torch.compile, torch.export or other tracing; call "
+                        "without them there")
+    index = _merge_device(("out_a", out_a), ("lse_a", lse_a), ("out_b", out_b), ("lse_b", lse_b), ("out", out))
+    current = _current_stream(index)
+    launch_stream = current if stream is None else stream
+    ctx = None
+    if launch_stream != current:
+        device = out_a.device
+        default = torch.cuda.default_stream(device)
+        launch = default if stream == default.cuda_stream else torch.cuda.ExternalStream(stream, device=device)
+        launch.wait_stream(torch.cuda.current_stream(device))
+        ctx = torch.cuda.stream(launch)
+    with ctx if ctx is not None else _nullcontext():
+        out = out_a.new_empty(out_a.shape) if out is None else out
+        lse = lse_a.new_empty(lse_a.shape)
+        _merge_launch(out_a, lse_a, out_b, lse_b, out, lse, index, launch_stream, launch_stream != current)
+    return out, lse

@@ -20,7 +20,7 @@ from typing import Any, Optional, Tuple, Union
 
 from . import _C
 
-__all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_bwd"]
+__all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_bwd", "merge_attn_states"]
 
 # DLPack device types (dlpack.h, DLDeviceType).
 _KDL_CUDA = 2
@@ -695,3 +695,78 @@ def _run_varlen_cupy(q, k, v, cu_q, cu_k, max_q, max_k, out, return_lse, stream,
     _C.fwd(export(q), export(k), export(v), export(out), export(lse), *args, handle, export(cu_q), export(cu_k),
            max_q, max_k)
     return out, lse
+
+
+# ---------------------------------------------------------------------------
+# merge_attn_states
+# ---------------------------------------------------------------------------
+
+
+def merge_attn_states(
+    out_a: Any,
+    lse_a: Any,
+    out_b: Any,
+    lse_b: Any,
+    *,
+    out: Any = None,
+    stream: Union[None, int, Any] = None,
+) -> Tuple[Any, Any]:
+    """Merges two partial attentions of the same queries over disjoint key sets into the attention
+    over their union, exactly, by their logsumexp (cascade / prefix-shared attention, split-KV,
+    context parallelism)::
+
+        lse = log(exp(lse_a) + exp(lse_b))
+        out = exp(lse_a - lse) * out_a + exp(lse_b - lse) * out_b
+
+    computed around max(lse_a, lse_b) in float32. A row with lse -inf on one side (it saw no key
+    there, as flashcute's own lse says) takes the other side; -inf on both gives out = 0 and
+    lse = -inf; NaN stays NaN.
+
+    Arguments:
+        out_a, out_b: (batch, seqlen, nheads, headdim) as from :func:`flash_attn_func`, or
+            (total, nheads, headdim) as from :func:`flash_attn_varlen_func`; float16, bfloat16 or
+            float32, both the same; the last dim contiguous.
+        lse_a, lse_b: their float32 lse, (batch, nheads, seqlen) or (nheads, total).
+        out: optional preallocated output like out_a, which may be out_a itself (in place); eager
+            only. stream: as in :func:`flash_attn_func`.
+
+    Return:
+        (out, lse): like out_a and lse_a, in their framework (torch: the op
+        ``torch.ops.flashcute.merge_attn_states``, traceable; CuPy; JAX: an XLA FFI call).
+    """
+    stream = _parse_stream(stream)
+    fw = _check_cuda_array("out_a", out_a)
+    named = (("lse_a", lse_a), ("out_b", out_b), ("lse_b", lse_b)) + ((("out", out),) if out is not None else ())
+    for name, x in named:
+        if _check_cuda_array(name, x) != fw:
+            raise TypeError(f"{name}: is a {_type_name(x)} but out_a is a {_type_name(out_a)}; all arrays must come "
+                            "from the same framework")
+    if fw == _TORCH:
+        from ._torch import merge_attn_states as run
+
+        return run(out_a, lse_a, out_b, lse_b, out, stream)
+    if fw == _CUPY:
+        cupy = sys.modules["cupy"]
+        with cupy.cuda.Device(out_a.device.id):
+            current = cupy.cuda.get_current_stream()
+            if stream is None or stream == current.ptr:
+                handle, alloc_ctx = current.ptr, contextlib.nullcontext()
+            else:
+                handle = stream
+                launch = cupy.cuda.ExternalStream(stream, device_id=out_a.device.id)
+                launch.wait_event(current.record())
+                alloc_ctx = launch
+            with alloc_ctx:
+                out = cupy.empty(out_a.shape, dtype=out_a.dtype) if out is None else out
+                lse = cupy.empty(lse_a.shape, dtype=cupy.float32)
+        arrays = [a.__dlpack__(stream=-1) for a in (out_a, lse_a, out_b, lse_b, out, lse)]
+        _C.merge(*arrays, handle)
+        return out, lse
+    if fw == _JAX:
+        if out is not None or stream is not None:
+            raise TypeError("out=, stream=: not supported with JAX inputs (immutable arrays; XLA's stream)")
+        from ._jax import merge_attn_states as run_jax
+
+        return run_jax(out_a, lse_a, out_b, lse_b)
+    raise TypeError(f"out_a: merge_attn_states allocates through torch, CuPy or JAX, and out_a is a "
+                    f"{_type_name(out_a)}; convert the arrays")

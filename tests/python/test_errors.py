@@ -743,3 +743,42 @@ def test_varlen_bwd_raw_names_each_argument():
         bwd_raw(lse=_desc((1, h, tq), "float32", ptr=0x50000))
     with raises(TypeError, "cu_seqlens_q: expected int32 (batch + 1,) contiguous, got int64"):
         bwd_raw(cu_seqlens_q=_desc((4,), "int64", ptr=0xb0000))
+
+
+# ------------------------------------------------------------------------------------ merge
+
+
+def test_merge_checks_each_argument():
+    oa, ob = arr((2, 8, 4, 64)), arr((2, 8, 4, 64))
+    la, lb = arr((2, 4, 8), np.float32), arr((2, 4, 8), np.float32)
+
+    def merge(out_a=oa, lse_a=la, out_b=ob, lse_b=lb, out=None, lse=None):
+        out = np.empty_like(out_a) if out is None else out
+        lse = np.empty((2, 4, 8), np.float32) if lse is None else lse
+        return _C.merge(out_a, lse_a, out_b, lse_b, out, lse, 0)
+
+    with raises(TypeError, "out_a: expected a CUDA array"):  # valid: only the device check fails
+        merge()
+    with raises(TypeError, "out_a: expected a CUDA array"):  # varlen shapes and float32 partials
+        _C.merge(arr((30, 4, 64), np.float32), arr((4, 30), np.float32), arr((30, 4, 64), np.float32),
+                 arr((4, 30), np.float32), np.empty((30, 4, 64), np.float32), np.empty((4, 30), np.float32), 0)
+    with raises(ValueError, "out_a: expected 4 dims (batch, seqlen, nheads, headdim) or 3"):
+        merge(out_a=arr((8, 64)))
+    with raises(TypeError, "out_a: expected a float16, bfloat16 or float32 array, got int32"):
+        merge(out_a=oa.astype(np.int32))
+    with raises(ValueError, "out_b: expected shape (2, 8, 4, 64) like out_a, got (2, 8, 4, 32)"):
+        merge(out_b=arr((2, 8, 4, 32)))
+    with raises(TypeError, "out_b: expected float16 like out_a, got float32"):
+        merge(out_b=ob.astype(np.float32))
+    with raises(ValueError, "out: expected shape (2, 8, 4, 64) like out_a"):
+        merge(out=np.empty((2, 8, 4, 63), F16))
+    with raises(ValueError, "lse_a: expected float32 (batch, nheads, seqlen) = (2, 4, 8), got shape (2, 8, 4)"):
+        merge(lse_a=arr((2, 8, 4), np.float32))
+    with raises(TypeError, "lse_b: expected float32 (batch, nheads, seqlen)", "dtype float16"):
+        merge(lse_b=lb.astype(F16))
+    with raises(ValueError, "lse: expected float32 (batch, nheads, seqlen)"):
+        merge(lse=np.empty((2, 4, 9), np.float32))
+    with raises(ValueError, "out_a: expected the last dim contiguous"):
+        merge(out_a=np.asfortranarray(oa))
+    with raises(TypeError, "out_a: expected a CUDA array, got a CPU numpy.ndarray"):
+        flashcute.merge_attn_states(oa, la, ob, lb)

@@ -33,7 +33,8 @@ def test_ffi_handler_is_built_in():
     targets = _C.xla_ffi_targets()
     if not targets:
         pytest.fail("flashcute._C was built without the XLA FFI handler; CI builds with FLASHCUTE_XLA_FFI=ON")
-    assert set(targets) == {"flashcute_fwd", "flashcute_bwd", "flashcute_varlen_fwd", "flashcute_varlen_bwd"}
+    assert set(targets) == {"flashcute_fwd", "flashcute_bwd", "flashcute_varlen_fwd", "flashcute_varlen_bwd",
+                            "flashcute_merge"}
     assert all(type(t).__name__ == "PyCapsule" for t in targets.values())
 
 

@@ -78,3 +78,31 @@ struct BwdParams : FwdParams {
 };
 
 }  // namespace flashcute
+
+namespace flashcute {
+
+// merge_attn_states: two partial attentions over disjoint key sets, (out_a, lse_a) and
+// (out_b, lse_b), into the attention over their union: out = (e^lse_a out_a + e^lse_b out_b) /
+// (e^lse_a + e^lse_b), lse = log(e^lse_a + e^lse_b), computed around max(lse_a, lse_b). The
+// arrays are (batch, seqlen, nheads, head_dim) with lse (batch, nheads, seqlen); a varlen
+// (total, nheads, head_dim) array is batch 1. host/validate_merge.hpp fills it.
+struct MergeParams {
+  const void* out_a = nullptr;
+  const void* out_b = nullptr;
+  void* out = nullptr;
+  const float* lse_a = nullptr;
+  const float* lse_b = nullptr;
+  float* lse = nullptr;
+
+  // Strides in elements: (batch, row, head) of the three outputs (head-dim stride 1), and
+  // (batch, head, row) of the three lse arrays.
+  int64_t a_stride[3] = {}, b_stride[3] = {}, out_stride[3] = {};
+  int64_t lse_a_stride[3] = {}, lse_b_stride[3] = {}, lse_stride[3] = {};
+
+  int batch = 0;
+  int seqlen = 0;
+  int nheads = 0;
+  int head_dim = 0;
+};
+
+}  // namespace flashcute

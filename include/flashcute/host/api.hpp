@@ -16,6 +16,7 @@
 #include "flashcute/host/dispatch.hpp"
 #include "flashcute/host/validate_bwd.hpp"
 #include "flashcute/host/validate_fwd.hpp"
+#include "flashcute/host/validate_merge.hpp"
 
 namespace flashcute {
 
@@ -31,6 +32,20 @@ inline Status run_fwd(const FwdArgs& args, cudaStream_t stream) {
 inline Status run_bwd(const BwdArgs& args, cudaStream_t stream) {
   BwdPlan plan;
   Status st = plan_bwd(args, plan);
+  if (!st.ok()) return st;
+  return launch(plan, stream);
+}
+
+// merge_attn_states: two partial attentions over disjoint key sets merged by their lse
+// (host/validate_merge.hpp lists the arrays). Same rules as run_fwd.
+inline Status launch(const MergePlan& plan, cudaStream_t stream) {
+  if (plan.empty) return Status::success();
+  return sm80::launch_merge<0>(plan.params, plan.dtype, stream);
+}
+
+inline Status run_merge(const MergeArgs& args, cudaStream_t stream) {
+  MergePlan plan;
+  Status st = plan_merge(args, plan);
   if (!st.ok()) return st;
   return launch(plan, stream);
 }

@@ -27,6 +27,10 @@ template <DType kDType, int kHeadDim>
 Status launch_fwd(const FwdParams& params, cudaStream_t stream);
 template <DType kDType, int kHeadDim>
 Status launch_bwd(const BwdParams& params, cudaStream_t stream);
+// merge_attn_states (sm80/kernel_merge.hpp), every dtype in one function: instantiated (<0>) in
+// src/merge.cu, a template only so that header-only users may define it in several TUs.
+template <int kUnused>
+Status launch_merge(const MergeParams& params, DType dtype, cudaStream_t stream);
 }  // namespace sm80
 
 inline constexpr std::size_t kNumCompiledKernels = std::size(kCompiledKernels);
