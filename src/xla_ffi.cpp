@@ -165,6 +165,17 @@ ffi::Error merge_impl(cudaStream_t stream, ffi::AnyBuffer out_a, ffi::AnyBuffer 
 
 }  // namespace
 
+// The attention options: the same attributes, in the same order, in every attention handler.
+template <class Binding>
+auto with_options(Binding binding) {
+  return std::move(binding)
+      .template Attr<float>("softmax_scale")
+      .template Attr<bool>("causal")
+      .template Attr<int64_t>("window_left")
+      .template Attr<int64_t>("window_right")
+      .template Attr<float>("softcap");
+}
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(flashcute_xla_merge, merge_impl,
                               ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
@@ -177,7 +188,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(flashcute_xla_merge, merge_impl,
                               {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(flashcute_xla_varlen_fwd, varlen_fwd_impl,
-                              ffi::Ffi::Bind()
+                              with_options(ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
                                   .Arg<ffi::AnyBuffer>()  // q (total_q, nheads, headdim)
                                   .Arg<ffi::AnyBuffer>()  // k
@@ -185,18 +196,13 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(flashcute_xla_varlen_fwd, varlen_fwd_impl,
                                   .Arg<ffi::AnyBuffer>()  // cu_seqlens_q
                                   .Arg<ffi::AnyBuffer>()  // cu_seqlens_k
                                   .Ret<ffi::AnyBuffer>()  // out
-                                  .Ret<ffi::AnyBuffer>()  // lse (nheads, total_q)
-                                  .Attr<float>("softmax_scale")
-                                  .Attr<bool>("causal")
-                                  .Attr<int64_t>("window_left")
-                                  .Attr<int64_t>("window_right")
-                                  .Attr<float>("softcap")
+                                  .Ret<ffi::AnyBuffer>())  // lse (nheads, total_q)
                                   .Attr<int64_t>("max_seqlen_q")
                                   .Attr<int64_t>("max_seqlen_k"),
                               {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(flashcute_xla_varlen_bwd, varlen_bwd_impl,
-                              ffi::Ffi::Bind()
+                              with_options(ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
                                   .Arg<ffi::AnyBuffer>()  // dout
                                   .Arg<ffi::AnyBuffer>()  // q
@@ -209,18 +215,13 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(flashcute_xla_varlen_bwd, varlen_bwd_impl,
                                   .Ret<ffi::AnyBuffer>()  // dq
                                   .Ret<ffi::AnyBuffer>()  // dk
                                   .Ret<ffi::AnyBuffer>()  // dv
-                                  .Ret<ffi::AnyBuffer>()  // workspace
-                                  .Attr<float>("softmax_scale")
-                                  .Attr<bool>("causal")
-                                  .Attr<int64_t>("window_left")
-                                  .Attr<int64_t>("window_right")
-                                  .Attr<float>("softcap")
+                                  .Ret<ffi::AnyBuffer>())  // workspace
                                   .Attr<int64_t>("max_seqlen_q")
                                   .Attr<int64_t>("max_seqlen_k"),
                               {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(flashcute_xla_bwd, bwd_impl,
-                              ffi::Ffi::Bind()
+                              with_options(ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
                                   .Arg<ffi::AnyBuffer>()  // dout
                                   .Arg<ffi::AnyBuffer>()  // q
@@ -231,27 +232,17 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(flashcute_xla_bwd, bwd_impl,
                                   .Ret<ffi::AnyBuffer>()  // dq
                                   .Ret<ffi::AnyBuffer>()  // dk
                                   .Ret<ffi::AnyBuffer>()  // dv
-                                  .Ret<ffi::AnyBuffer>()  // workspace (float32, D = rowsum(dout * out))
-                                  .Attr<float>("softmax_scale")
-                                  .Attr<bool>("causal")
-                                  .Attr<int64_t>("window_left")
-                                  .Attr<int64_t>("window_right")
-                                  .Attr<float>("softcap"),
+                                  .Ret<ffi::AnyBuffer>()),  // workspace (float32, D = rowsum(dout * out))
                               {ffi::Traits::kCmdBufferCompatible});
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(flashcute_xla_fwd, fwd_impl,
-                              ffi::Ffi::Bind()
+                              with_options(ffi::Ffi::Bind()
                                   .Ctx<ffi::PlatformStream<cudaStream_t>>()
                                   .Arg<ffi::AnyBuffer>()  // q
                                   .Arg<ffi::AnyBuffer>()  // k
                                   .Arg<ffi::AnyBuffer>()  // v
                                   .Ret<ffi::AnyBuffer>()  // out
-                                  .Ret<ffi::AnyBuffer>()  // lse
-                                  .Attr<float>("softmax_scale")
-                                  .Attr<bool>("causal")
-                                  .Attr<int64_t>("window_left")
-                                  .Attr<int64_t>("window_right")
-                                  .Attr<float>("softcap"),
+                                  .Ret<ffi::AnyBuffer>()),  // lse
                               {ffi::Traits::kCmdBufferCompatible});
 
 std::vector<std::pair<const char*, void*>> flashcute_xla_ffi_handlers() {

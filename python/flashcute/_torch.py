@@ -73,6 +73,19 @@ def _current_stream(index: int) -> int:
     return torch._C._cuda_getCurrentRawStream(index)
 
 
+def _launch_context(device: torch.device, stream: Optional[int], current: int) -> Tuple[int, Any, bool]:
+    """Where an eager launch runs: (stream handle, context to allocate the outputs in,
+    check_stream_device). The current stream, or `stream`, which first waits for the current one
+    (an event: the host does not block) and under which the outputs are allocated, so that the
+    caching allocator keeps them in its order."""
+    if stream is None or stream == current:
+        return current, _nullcontext(), False
+    default = torch.cuda.default_stream(device)
+    launch = default if stream == default.cuda_stream else torch.cuda.ExternalStream(stream, device=device)
+    launch.wait_stream(torch.cuda.current_stream(device))
+    return stream, torch.cuda.stream(launch), True
+
+
 # ---------------------------------------------------------------------------------------- the ops
 
 # Two ops, so that a call without the lse allocates none: flashcute::fwd returns out, and
@@ -241,24 +254,18 @@ def flash_attn(q: Tensor, k: Tensor, v: Tensor, out: Optional[Tensor], return_ls
     # Eager: the same launch as the op's, without the dispatcher.
     index = _cuda_index(q, k, v, out)
     current = _current_stream(index)
-    if stream is None or stream == current:
+    if stream is None or stream == current:  # the common case, without the context manager
         if out is None:
             out = q.new_empty(q.shape)
         lse = q.new_empty(_lse_shape(q), dtype=torch.float32) if return_lse else None
         _launch(q, k, v, out, lse, args, index, current, False)
         return out, lse
-    # stream= names another stream: it waits for the current one (an event, no host block).
-    device = q.device
-    default = torch.cuda.default_stream(device)
-    launch = default if stream == default.cuda_stream else torch.cuda.ExternalStream(stream, device=device)
-    launch.wait_stream(torch.cuda.current_stream(device))
-    # Allocate on the launch stream, so the caching allocator will not hand these blocks to other
-    # work before the launch stream is done with them.
-    with torch.cuda.stream(launch):
+    handle, ctx, check = _launch_context(q.device, stream, current)
+    with ctx:
         if out is None:
             out = q.new_empty(q.shape)
         lse = q.new_empty(_lse_shape(q), dtype=torch.float32) if return_lse else None
-    _launch(q, k, v, out, lse, args, index, stream, True)
+    _launch(q, k, v, out, lse, args, index, handle, check)
     return out, lse
 
 
@@ -274,21 +281,12 @@ def flash_attn_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, l
             )
         return _bwd_op(dout, q, k, v, out, lse, *args, deterministic)
     index = _cuda_index(q, k, v, out, ("dout", dout), ("lse", lse), ("dq", dq), ("dk", dk), ("dv", dv))
-    current = _current_stream(index)
-    launch_stream = current if stream is None else stream
-    ctx = None
-    if launch_stream != current:
-        device = q.device
-        default = torch.cuda.default_stream(device)
-        launch = default if stream == default.cuda_stream else torch.cuda.ExternalStream(stream, device=device)
-        launch.wait_stream(torch.cuda.current_stream(device))
-        ctx = torch.cuda.stream(launch)
-    with ctx if ctx is not None else _nullcontext():
+    handle, ctx, check = _launch_context(q.device, stream, _current_stream(index))
+    with ctx:
         dq = q.new_empty(q.shape) if dq is None else dq
         dk = k.new_empty(k.shape) if dk is None else dk
         dv = v.new_empty(v.shape) if dv is None else dv
-        _bwd_launch(dout, q, k, v, out, lse, dq, dk, dv, args, deterministic, index, launch_stream,
-                    launch_stream != current)
+        _bwd_launch(dout, q, k, v, out, lse, dq, dk, dv, args, deterministic, index, handle, check)
     return dq, dk, dv
 
 
@@ -398,20 +396,11 @@ def flash_attn_varlen(q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Tenso
         o, lse = _varlen_fwd_op(q, k, v, cu_q, cu_k, max_q, max_k, *args)
         return o, (lse if return_lse else None)
     index = _cuda_index(q, k, v, out, ("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k))
-    current = _current_stream(index)
-    launch_stream = current if stream is None else stream
-    ctx = None
-    if launch_stream != current:  # it waits for the current stream (an event, no host block)
-        device = q.device
-        default = torch.cuda.default_stream(device)
-        launch = default if stream == default.cuda_stream else torch.cuda.ExternalStream(stream, device=device)
-        launch.wait_stream(torch.cuda.current_stream(device))
-        ctx = torch.cuda.stream(launch)
-    with ctx if ctx is not None else _nullcontext():
+    handle, ctx, check = _launch_context(q.device, stream, _current_stream(index))
+    with ctx:
         out = q.new_empty(q.shape) if out is None else out
         lse = q.new_empty(_varlen_lse_shape(q), dtype=torch.float32) if return_lse else None
-        _varlen_launch(q, k, v, out, lse, cu_q, cu_k, max_q, max_k, args, index, launch_stream,
-                       launch_stream != current)
+        _varlen_launch(q, k, v, out, lse, cu_q, cu_k, max_q, max_k, args, index, handle, check)
     return out, lse
 
 
@@ -468,17 +457,9 @@ def merge_attn_states(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor
         raise TypeError("out=, stream=: not supported under torch.compile, torch.export or other tracing; call "
                         "without them there")
     index = _merge_device(("out_a", out_a), ("lse_a", lse_a), ("out_b", out_b), ("lse_b", lse_b), ("out", out))
-    current = _current_stream(index)
-    launch_stream = current if stream is None else stream
-    ctx = None
-    if launch_stream != current:
-        device = out_a.device
-        default = torch.cuda.default_stream(device)
-        launch = default if stream == default.cuda_stream else torch.cuda.ExternalStream(stream, device=device)
-        launch.wait_stream(torch.cuda.current_stream(device))
-        ctx = torch.cuda.stream(launch)
-    with ctx if ctx is not None else _nullcontext():
+    handle, ctx, check = _launch_context(out_a.device, stream, _current_stream(index))
+    with ctx:
         out = out_a.new_empty(out_a.shape) if out is None else out
         lse = lse_a.new_empty(lse_a.shape)
-        _merge_launch(out_a, lse_a, out_b, lse_b, out, lse, index, launch_stream, launch_stream != current)
+        _merge_launch(out_a, lse_a, out_b, lse_b, out, lse, index, handle, check)
     return out, lse

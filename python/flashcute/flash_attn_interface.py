@@ -225,20 +225,24 @@ def _lse_shape(q: Any) -> Tuple[int, int, int]:
     return (b, h, sq)
 
 
+def _cupy_launch_context(device_id: int, stream: Optional[int]) -> Tuple[int, Any]:
+    """(stream handle, allocation context) of a CuPy launch on the current device `device_id`: CuPy's
+    current stream, or `stream`, which first waits for it (an event, no host block). CuPy's memory
+    pool keeps per-stream free lists: allocating under the launch stream keeps the outputs ordered
+    with it."""
+    cupy = sys.modules["cupy"]
+    current = cupy.cuda.get_current_stream()
+    if stream is None or stream == current.ptr:
+        return current.ptr, contextlib.nullcontext()
+    launch = cupy.cuda.ExternalStream(stream, device_id=device_id)
+    launch.wait_event(current.record())
+    return stream, launch
+
+
 def _run_cupy(q, k, v, out, return_lse, stream, args):
     cupy = sys.modules["cupy"]
     with cupy.cuda.Device(q.device.id):
-        current = cupy.cuda.get_current_stream()
-        if stream is None or stream == current.ptr:
-            handle = current.ptr
-            alloc_ctx = contextlib.nullcontext()
-        else:
-            handle = stream
-            launch = cupy.cuda.ExternalStream(stream, device_id=q.device.id)
-            launch.wait_event(current.record())
-            # CuPy's memory pool keeps per-stream free lists: allocating under the
-            # launch stream keeps these blocks ordered with it.
-            alloc_ctx = launch
+        handle, alloc_ctx = _cupy_launch_context(q.device.id, stream)
         with alloc_ctx:
             if out is None:
                 out = cupy.empty(q.shape, dtype=q.dtype)
@@ -292,6 +296,19 @@ _RUNNERS = {_TORCH: _run_torch, _CUPY: _run_cupy, _JAX: _run_jax, _DLPACK: _run_
 # ---------------------------------------------------------------------------
 # Public API
 # ---------------------------------------------------------------------------
+
+
+def _check_fa2_only(dropout_p: Any, alibi_slopes: Any) -> None:
+    """The FlashAttention-2 keywords flashcute accepts only at their default."""
+    dropout_p = _as_real("dropout_p", dropout_p)
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p: expected a probability in [0, 1), got {dropout_p!r}")
+    if dropout_p > 0.0:
+        raise NotImplementedError(
+            f"dropout_p: flashcute has no dropout yet, so dropout_p must be 0.0, got {dropout_p!r}"
+        )
+    if alibi_slopes is not None:
+        raise NotImplementedError("alibi_slopes: flashcute has no ALiBi yet, so alibi_slopes must be None")
 
 
 def flash_attn_func(
@@ -419,15 +436,7 @@ def flash_attn_func(
     argument), ``exc.expected`` and ``exc.got``.
     """
     # Plain arguments first, so that their messages do not depend on the arrays.
-    dropout_p = _as_real("dropout_p", dropout_p)
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p: expected a probability in [0, 1), got {dropout_p!r}")
-    if dropout_p > 0.0:
-        raise NotImplementedError(
-            f"dropout_p: flashcute has no dropout yet, so dropout_p must be 0.0, got {dropout_p!r}"
-        )
-    if alibi_slopes is not None:
-        raise NotImplementedError("alibi_slopes: flashcute has no ALiBi yet, so alibi_slopes must be None")
+    _check_fa2_only(dropout_p, alibi_slopes)
     _as_bool("deterministic", deterministic)  # the forward pass is deterministic either way
     return_attn_probs = _as_bool("return_attn_probs", return_attn_probs)
     softmax_scale, causal, window_left, window_right, softcap = _parse_options(softmax_scale, causal, window_size,
@@ -454,14 +463,7 @@ def flash_attn_func(
 def _run_bwd_cupy(dout, q, k, v, out, lse, dq, dk, dv, stream, args, deterministic):
     cupy = sys.modules["cupy"]
     with cupy.cuda.Device(q.device.id):
-        current = cupy.cuda.get_current_stream()
-        if stream is None or stream == current.ptr:
-            handle, alloc_ctx = current.ptr, contextlib.nullcontext()
-        else:
-            handle = stream
-            launch = cupy.cuda.ExternalStream(stream, device_id=q.device.id)
-            launch.wait_event(current.record())
-            alloc_ctx = launch
+        handle, alloc_ctx = _cupy_launch_context(q.device.id, stream)
         with alloc_ctx:
             dq = cupy.empty(q.shape, dtype=q.dtype) if dq is None else dq
             dk = cupy.empty(k.shape, dtype=k.dtype) if dk is None else dk
@@ -548,19 +550,6 @@ def flash_attn_bwd(
 # ---------------------------------------------------------------------------
 # Variable-length batches
 # ---------------------------------------------------------------------------
-
-
-def _check_fa2_only(dropout_p: Any, alibi_slopes: Any) -> None:
-    """The FlashAttention-2 keywords flashcute accepts only at their default."""
-    dropout_p = _as_real("dropout_p", dropout_p)
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p: expected a probability in [0, 1), got {dropout_p!r}")
-    if dropout_p > 0.0:
-        raise NotImplementedError(
-            f"dropout_p: flashcute has no dropout yet, so dropout_p must be 0.0, got {dropout_p!r}"
-        )
-    if alibi_slopes is not None:
-        raise NotImplementedError("alibi_slopes: flashcute has no ALiBi yet, so alibi_slopes must be None")
 
 
 def flash_attn_varlen_func(
@@ -677,14 +666,7 @@ def flash_attn_varlen_func(
 def _run_varlen_cupy(q, k, v, cu_q, cu_k, max_q, max_k, out, return_lse, stream, args):
     cupy = sys.modules["cupy"]
     with cupy.cuda.Device(q.device.id):
-        current = cupy.cuda.get_current_stream()
-        if stream is None or stream == current.ptr:
-            handle, alloc_ctx = current.ptr, contextlib.nullcontext()
-        else:
-            handle = stream
-            launch = cupy.cuda.ExternalStream(stream, device_id=q.device.id)
-            launch.wait_event(current.record())
-            alloc_ctx = launch
+        handle, alloc_ctx = _cupy_launch_context(q.device.id, stream)
         with alloc_ctx:
             out = cupy.empty(q.shape, dtype=q.dtype) if out is None else out
             lse = cupy.empty((q.shape[1], q.shape[0]), dtype=cupy.float32) if return_lse else None
@@ -748,14 +730,7 @@ def merge_attn_states(
     if fw == _CUPY:
         cupy = sys.modules["cupy"]
         with cupy.cuda.Device(out_a.device.id):
-            current = cupy.cuda.get_current_stream()
-            if stream is None or stream == current.ptr:
-                handle, alloc_ctx = current.ptr, contextlib.nullcontext()
-            else:
-                handle = stream
-                launch = cupy.cuda.ExternalStream(stream, device_id=out_a.device.id)
-                launch.wait_event(current.record())
-                alloc_ctx = launch
+            handle, alloc_ctx = _cupy_launch_context(out_a.device.id, stream)
             with alloc_ctx:
                 out = cupy.empty(out_a.shape, dtype=out_a.dtype) if out is None else out
                 lse = cupy.empty(lse_a.shape, dtype=cupy.float32)
