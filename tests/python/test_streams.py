@@ -180,3 +180,38 @@ def test_cupy_current_stream(cupy, torch, require_kernel):
     s.synchronize()
     tq, tk, tv = (torch.as_tensor(a, device="cuda") for a in host)
     _check(torch, torch.as_tensor(cupy.asnumpy(out), device="cuda"), tq, tk, tv)
+
+
+def test_stream_argument_of_the_other_entry_points(torch):
+    """stream= on flash_attn_bwd, flash_attn_varlen_func and merge_attn_states: each waits for the
+    current stream, where its inputs are produced behind pending work, and runs on the named one;
+    the results equal those of plain calls."""
+    q_src, k, v = _sources(torch, 5)
+    dout = torch.randn_like(q_src)
+    out, lse = flashcute.flash_attn_func(q_src, k, v, causal=True, return_lse=True)
+    ref_grads = flashcute.flash_attn_bwd(dout, q_src, k, v, out, lse, causal=True)
+    cu = torch.arange(0, B * S + 1, S, dtype=torch.int32, device="cuda")
+    flat = [x.reshape(B * S, H, D) for x in (q_src, k, v)]
+    ref_varlen = flashcute.flash_attn_varlen_func(*flat, cu, cu, S, S, causal=True)
+    ref_merge = flashcute.merge_attn_states(out, lse, out, lse)
+    torch.cuda.synchronize()
+    s = torch.cuda.Stream()
+
+    q, busy = _produce_behind_pending_work(torch, q_src)
+    grads = flashcute.flash_attn_bwd(dout, q, k, v, out, lse, causal=True, stream=s)
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    assert all(torch.equal(a, b) for a, b in zip(grads, ref_grads))
+
+    q, busy = _produce_behind_pending_work(torch, q_src)
+    res = flashcute.flash_attn_varlen_func(q.reshape(B * S, H, D), *flat[1:], cu, cu, S, S, causal=True, stream=s)
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    assert torch.equal(res, ref_varlen)
+
+    o2, busy = _produce_behind_pending_work(torch, out)
+    res = flashcute.merge_attn_states(o2, lse, out, lse, stream=s)
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    assert torch.equal(res[0], ref_merge[0]) and torch.equal(res[1], ref_merge[1])
+    del busy
