@@ -15,7 +15,7 @@ import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from typing import Any, Callable
 
 from .arrays import Inputs, Unsupported
@@ -33,6 +33,7 @@ class Runner:
     """Calls of one implementation at one point, and how to read their output."""
 
     calls: list[Callable[[], Any]]  # one per input set; each returns the output (bwd passes: (dq, dk, dv))
+    _: KW_ONLY  # the rest by name: a positional mix-up once sent SDPA's forward context into douts
     to_bshd: Callable[[Any], Any] = _same  # a call's output -> (b, s, h, d)
     douts: list[Any] | None = None  # bwd passes: the output gradient of each input set
     context: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext  # entered around the calls
@@ -155,7 +156,8 @@ class Sdpa(Impl):
                 if layout == "contiguous":
                     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
                 calls.append(bind(q, k, v))
-            return Runner(calls, lambda out: out.transpose(1, 2), lambda: sdpa_kernel(backend), layout)
+            return Runner(calls, to_bshd=lambda out: out.transpose(1, 2), context=lambda: sdpa_kernel(backend),
+                          layout=layout)
 
         reasons: dict[str, str] = {}
         for layout in ("view", "contiguous"):
