@@ -21,20 +21,13 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flashcute
+from flashcute.bench.arrays import TorchLib
+from flashcute.bench.timing import time_calls
 
 
 def time_ms(fn, warmup: int = 5, iters: int = 20) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    """The median of `iters` CUDA-event-timed calls after `warmup` (flashcute.bench's timer)."""
+    return statistics.median(time_calls(TorchLib.load(), [fn], warmup, iters))
 
 
 def main() -> int:

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -61,9 +62,11 @@ ffi::Error to_ffi_error(const flashcute::Status& st) {
   return ffi::Error(code, "flashcute: " + st.message);
 }
 
-ffi::Error fwd_impl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
-                    ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse, float softmax_scale, bool causal,
-                    int64_t window_left, int64_t window_right, float softcap) {
+// The forward of a fixed-length or (varlen set) variable-length call.
+ffi::Error run_fwd_call(cudaStream_t stream, const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
+                        const ffi::AnyBuffer& v, ffi::Result<ffi::AnyBuffer>& out, ffi::Result<ffi::AnyBuffer>& lse,
+                        float softmax_scale, bool causal, int64_t window_left, int64_t window_right, float softcap,
+                        std::optional<flashcute::VarlenArgs> varlen) {
   flashcute::FwdArgs args;
   args.q = describe<flashcute::TensorRef>(q);
   args.k = describe<flashcute::TensorRef>(k);
@@ -71,17 +74,20 @@ ffi::Error fwd_impl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi
   args.out = describe<flashcute::MutableTensorRef>(*out);
   args.lse = describe<flashcute::MutableTensorRef>(*lse);
   args.set_options(softmax_scale, causal, window_left, window_right, softcap);
+  args.varlen = varlen;
   flashcute::FwdPlan plan;
   flashcute::Status st = flashcute::plan_fwd(args, plan);
   if (st.ok()) st = flashcute::launch(plan, stream);
   return to_ffi_error(st);
 }
 
-ffi::Error bwd_impl(cudaStream_t stream, ffi::AnyBuffer dout, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
-                    ffi::AnyBuffer out, ffi::AnyBuffer lse, ffi::Result<ffi::AnyBuffer> dq,
-                    ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
-                    ffi::Result<ffi::AnyBuffer> workspace, float softmax_scale, bool causal, int64_t window_left,
-                    int64_t window_right, float softcap) {
+// The backward of a fixed-length or (varlen set) variable-length call.
+ffi::Error run_bwd_call(cudaStream_t stream, const ffi::AnyBuffer& dout, const ffi::AnyBuffer& q,
+                        const ffi::AnyBuffer& k, const ffi::AnyBuffer& v, const ffi::AnyBuffer& out,
+                        const ffi::AnyBuffer& lse, ffi::Result<ffi::AnyBuffer>& dq, ffi::Result<ffi::AnyBuffer>& dk,
+                        ffi::Result<ffi::AnyBuffer>& dv, ffi::Result<ffi::AnyBuffer>& workspace, float softmax_scale,
+                        bool causal, int64_t window_left, int64_t window_right, float softcap,
+                        std::optional<flashcute::VarlenArgs> varlen) {
   flashcute::BwdArgs args;
   args.dout = describe<flashcute::TensorRef>(dout);
   args.q = describe<flashcute::TensorRef>(q);
@@ -94,10 +100,27 @@ ffi::Error bwd_impl(cudaStream_t stream, ffi::AnyBuffer dout, ffi::AnyBuffer q, 
   args.dv = describe<flashcute::MutableTensorRef>(*dv);
   args.workspace = describe<flashcute::MutableTensorRef>(*workspace);
   args.set_options(softmax_scale, causal, window_left, window_right, softcap);
+  args.varlen = varlen;
   flashcute::BwdPlan plan;
   flashcute::Status st = flashcute::plan_bwd(args, plan);
   if (st.ok()) st = flashcute::launch(plan, stream);
   return to_ffi_error(st);
+}
+
+ffi::Error fwd_impl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                    ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse, float softmax_scale, bool causal,
+                    int64_t window_left, int64_t window_right, float softcap) {
+  return run_fwd_call(stream, q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap,
+                      std::nullopt);
+}
+
+ffi::Error bwd_impl(cudaStream_t stream, ffi::AnyBuffer dout, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
+                    ffi::AnyBuffer out, ffi::AnyBuffer lse, ffi::Result<ffi::AnyBuffer> dq,
+                    ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
+                    ffi::Result<ffi::AnyBuffer> workspace, float softmax_scale, bool causal, int64_t window_left,
+                    int64_t window_right, float softcap) {
+  return run_bwd_call(stream, dout, q, k, v, out, lse, dq, dk, dv, workspace, softmax_scale, causal, window_left,
+                      window_right, softcap, std::nullopt);
 }
 
 // Variable-length batches (flash_attn_varlen_func): the same calls with cu_seqlens_q and
@@ -112,18 +135,8 @@ ffi::Error varlen_fwd_impl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer
                            ffi::AnyBuffer cu_q, ffi::AnyBuffer cu_k, ffi::Result<ffi::AnyBuffer> out,
                            ffi::Result<ffi::AnyBuffer> lse, float softmax_scale, bool causal, int64_t window_left,
                            int64_t window_right, float softcap, int64_t max_seqlen_q, int64_t max_seqlen_k) {
-  flashcute::FwdArgs args;
-  args.q = describe<flashcute::TensorRef>(q);
-  args.k = describe<flashcute::TensorRef>(k);
-  args.v = describe<flashcute::TensorRef>(v);
-  args.out = describe<flashcute::MutableTensorRef>(*out);
-  args.lse = describe<flashcute::MutableTensorRef>(*lse);
-  args.set_options(softmax_scale, causal, window_left, window_right, softcap);
-  args.varlen = varlen_args(cu_q, cu_k, max_seqlen_q, max_seqlen_k);
-  flashcute::FwdPlan plan;
-  flashcute::Status st = flashcute::plan_fwd(args, plan);
-  if (st.ok()) st = flashcute::launch(plan, stream);
-  return to_ffi_error(st);
+  return run_fwd_call(stream, q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap,
+                      varlen_args(cu_q, cu_k, max_seqlen_q, max_seqlen_k));
 }
 
 ffi::Error varlen_bwd_impl(cudaStream_t stream, ffi::AnyBuffer dout, ffi::AnyBuffer q, ffi::AnyBuffer k,
@@ -132,23 +145,8 @@ ffi::Error varlen_bwd_impl(cudaStream_t stream, ffi::AnyBuffer dout, ffi::AnyBuf
                            ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::AnyBuffer> workspace, float softmax_scale,
                            bool causal, int64_t window_left, int64_t window_right, float softcap,
                            int64_t max_seqlen_q, int64_t max_seqlen_k) {
-  flashcute::BwdArgs args;
-  args.dout = describe<flashcute::TensorRef>(dout);
-  args.q = describe<flashcute::TensorRef>(q);
-  args.k = describe<flashcute::TensorRef>(k);
-  args.v = describe<flashcute::TensorRef>(v);
-  args.out = describe<flashcute::TensorRef>(out);
-  args.lse = describe<flashcute::TensorRef>(lse);
-  args.dq = describe<flashcute::MutableTensorRef>(*dq);
-  args.dk = describe<flashcute::MutableTensorRef>(*dk);
-  args.dv = describe<flashcute::MutableTensorRef>(*dv);
-  args.workspace = describe<flashcute::MutableTensorRef>(*workspace);
-  args.set_options(softmax_scale, causal, window_left, window_right, softcap);
-  args.varlen = varlen_args(cu_q, cu_k, max_seqlen_q, max_seqlen_k);
-  flashcute::BwdPlan plan;
-  flashcute::Status st = flashcute::plan_bwd(args, plan);
-  if (st.ok()) st = flashcute::launch(plan, stream);
-  return to_ffi_error(st);
+  return run_bwd_call(stream, dout, q, k, v, out, lse, dq, dk, dv, workspace, softmax_scale, causal, window_left,
+                      window_right, softcap, varlen_args(cu_q, cu_k, max_seqlen_q, max_seqlen_k));
 }
 
 ffi::Error merge_impl(cudaStream_t stream, ffi::AnyBuffer out_a, ffi::AnyBuffer lse_a, ffi::AnyBuffer out_b,
