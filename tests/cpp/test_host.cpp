@@ -424,4 +424,130 @@ TEST(RunBwd, ValidatesBeforeTouchingCuda) {
   EXPECT_EQ(flashcute::run_bwd(a, bogus_stream()).code, StatusCode::kInvalidArgument);
 }
 
+// ---------------------------------------------------------------------------------------- varlen
+
+// A valid variable-length call: three sequences packed into 100 query rows and 120 key rows.
+FwdArgs good_varlen_args() {
+  const DType dt = built_dtype();
+  const int d = built_head_dim();
+  FwdArgs a;
+  a.q = flashcute::tensor_ref(fake(0x100000), dt, {100, 8, d});
+  a.k = flashcute::tensor_ref(fake(0x200000), dt, {120, 2, d});
+  a.v = flashcute::tensor_ref(fake(0x300000), dt, {120, 2, d});
+  a.out = flashcute::mutable_tensor_ref(fake_mut(0x400000), dt, {100, 8, d});
+  a.lse = flashcute::mutable_tensor_ref(fake_mut(0x500000), DType::kFloat32, {8, 100});
+  a.varlen = flashcute::VarlenArgs{flashcute::tensor_ref(fake(0xb00000), DType::kInt32, {4}),
+                                   flashcute::tensor_ref(fake(0xc00000), DType::kInt32, {4}), 60, 70};
+  return a;
+}
+
+TEST(PlanFwdVarlen, PlansTheSequencesOnTheDevice) {
+  FwdPlan p;
+  ASSERT_TRUE(plan(good_varlen_args(), &p).ok());
+  const flashcute::FwdParams& q = p.params;
+  EXPECT_EQ(q.batch, 3);
+  EXPECT_EQ(q.seqlen_q, 60);  // the longest sequences size the grid
+  EXPECT_EQ(q.seqlen_k, 70);
+  EXPECT_EQ(q.total_q, 100);
+  EXPECT_EQ(q.total_k, 120);
+  EXPECT_EQ(q.cu_seqlens_q, static_cast<const int*>(fake(0xb00000)));
+  EXPECT_EQ(q.cu_seqlens_k, static_cast<const int*>(fake(0xc00000)));
+  EXPECT_EQ(q.q_batch_stride, 0);
+  EXPECT_EQ(q.q_row_stride, 8 * built_head_dim());
+  EXPECT_EQ(q.lse_head_stride, 100);  // lse (nheads, total_q)
+  EXPECT_FALSE(p.empty);
+  // Window bounds are normalised against the packed totals, which bound every sequence.
+  FwdArgs a = good_varlen_args();
+  a.window_left = 119;
+  ASSERT_TRUE(plan(a, &p).ok());
+  EXPECT_EQ(p.params.window_left, 119);
+  a.window_left = 120;
+  ASSERT_TRUE(plan(a, &p).ok());
+  EXPECT_EQ(p.params.window_left, -1);
+  a = good_varlen_args();
+  a.varlen->max_seqlen_q = 0;
+  ASSERT_TRUE(plan(a, &p).ok());
+  EXPECT_TRUE(p.empty);
+}
+
+TEST(PlanFwdVarlen, RejectsEachArgumentByName) {
+  FwdArgs a = good_varlen_args();
+  a.varlen->cu_seqlens_q.dtype = DType::kFloat32;
+  expect_error(plan(a), StatusCode::kInvalidType, "cu_seqlens_q", "int32 (batch + 1,)");
+  a = good_varlen_args();
+  a.varlen->cu_seqlens_k.shape[0] = 3;
+  expect_error(plan(a), StatusCode::kInvalidArgument, "cu_seqlens_k", "does not match cu_seqlens_q's (4,)");
+  a = good_varlen_args();
+  a.varlen->cu_seqlens_q.stride[0] = 2;
+  expect_error(plan(a), StatusCode::kInvalidArgument, "cu_seqlens_q", "contiguous");
+  a = good_varlen_args();
+  a.varlen->max_seqlen_k = -1;
+  expect_error(plan(a), StatusCode::kInvalidArgument, "max_seqlen_k", ">= 0");
+  a = good_varlen_args();
+  a.q = good_args().q;  // 4 dims
+  expect_error(plan(a), StatusCode::kInvalidArgument, "q", "(total_q, nheads, headdim)");
+  a = good_varlen_args();
+  a.v.shape[0] = 119;
+  expect_error(plan(a), StatusCode::kInvalidArgument, "v", "like k");
+  a = good_varlen_args();
+  a.lse->shape[1] = 99;
+  expect_error(plan(a), StatusCode::kInvalidArgument, "lse", "float32 (nheads, total_q) = (8, 100)");
+  a = good_varlen_args();
+  a.k.stride[0] = 2 * built_head_dim() + 1;  // a row stride that is not 16-byte vectors: the fixed-length rules
+  expect_error(plan(a), StatusCode::kInvalidArgument, "k", "multiple of 8");
+}
+
+// ---------------------------------------------------------------------------------------- merge
+
+flashcute::MergeArgs good_merge_args() {
+  flashcute::MergeArgs a;
+  a.out_a = flashcute::tensor_ref(fake(0x100000), DType::kBFloat16, {2, 30, 4, 64});
+  a.lse_a = flashcute::tensor_ref(fake(0x200000), DType::kFloat32, {2, 4, 30});
+  a.out_b = flashcute::tensor_ref(fake(0x300000), DType::kBFloat16, {2, 30, 4, 64});
+  a.lse_b = flashcute::tensor_ref(fake(0x400000), DType::kFloat32, {2, 4, 30});
+  a.out = flashcute::mutable_tensor_ref(fake_mut(0x500000), DType::kBFloat16, {2, 30, 4, 64});
+  a.lse = flashcute::mutable_tensor_ref(fake_mut(0x600000), DType::kFloat32, {2, 4, 30});
+  return a;
+}
+
+TEST(PlanMerge, AcceptsFixedAndVarlenShapes) {
+  flashcute::MergePlan p;
+  ASSERT_TRUE(flashcute::plan_merge(good_merge_args(), p).ok());
+  EXPECT_EQ(p.params.batch, 2);
+  EXPECT_EQ(p.params.seqlen, 30);
+  EXPECT_EQ(p.params.a_stride[1], 4 * 64);   // (batch, row, head) of out_a
+  EXPECT_EQ(p.params.lse_stride[1], 30);     // (batch, head, row) of lse
+  flashcute::MergeArgs a;
+  a.out_a = flashcute::tensor_ref(fake(0x100000), DType::kFloat32, {50, 4, 64});
+  a.lse_a = flashcute::tensor_ref(fake(0x200000), DType::kFloat32, {4, 50});
+  a.out_b = a.out_a;
+  a.lse_b = a.lse_a;
+  a.out = flashcute::mutable_tensor_ref(fake_mut(0x100000), DType::kFloat32, {50, 4, 64});  // in place
+  a.lse = flashcute::mutable_tensor_ref(fake_mut(0x200000), DType::kFloat32, {4, 50});
+  ASSERT_TRUE(flashcute::plan_merge(a, p).ok());
+  EXPECT_EQ(p.params.batch, 1);
+  EXPECT_EQ(p.params.seqlen, 50);
+  EXPECT_EQ(p.params.lse_stride[1], 50);
+}
+
+TEST(PlanMerge, RejectsEachArgumentByName) {
+  flashcute::MergePlan p;
+  flashcute::MergeArgs a = good_merge_args();
+  a.out_b.shape[3] = 32;
+  expect_error(flashcute::plan_merge(a, p), StatusCode::kInvalidArgument, "out_b", "like out_a");
+  a = good_merge_args();
+  a.out.dtype = DType::kFloat16;
+  expect_error(flashcute::plan_merge(a, p), StatusCode::kInvalidType, "out", "bfloat16 like out_a");
+  a = good_merge_args();
+  a.lse_b.shape[2] = 29;
+  expect_error(flashcute::plan_merge(a, p), StatusCode::kInvalidArgument, "lse_b", "(batch, nheads, seqlen) = (2, 4, 30)");
+  a = good_merge_args();
+  a.out_a.dtype = DType::kInt32;
+  expect_error(flashcute::plan_merge(a, p), StatusCode::kInvalidType, "out_a", "float16, bfloat16 or float32");
+  a = good_merge_args();
+  a.out_a.stride[3] = 2;
+  expect_error(flashcute::plan_merge(a, p), StatusCode::kInvalidArgument, "out_a", "contiguous");
+  EXPECT_EQ(flashcute::run_merge(a, bogus_stream()).code, StatusCode::kInvalidArgument);  // before any CUDA call
+}
+
 }  // namespace
