@@ -54,18 +54,24 @@ def _launch(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Optional[Tensor],
                check_stream_device)
 
 
-def _cuda_index(q: Tensor, k: Tensor, v: Tensor, out: Optional[Tensor] = None, *more: Tuple[str, Tensor]) -> int:
-    """The index of the one CUDA device all of them are on; raises naming the first one that is not.
-    more: further (name, tensor) pairs."""
-    index = q.get_device()
-    for name, t in (("q", q), ("k", k), ("v", v), ("out", out), *more):
+def _device_index(*named: Tuple[str, Optional[Tensor]]) -> int:
+    """The index of the one CUDA device all the named tensors are on (None entries are skipped);
+    raises naming the first that is not, against the first tensor."""
+    ref_name, ref = named[0]
+    index = ref.get_device()
+    for name, t in named:
         if t is None:
             continue
         if not t.is_cuda:
             raise TypeError(f"{name}: expected a CUDA array, got a {t.device.type.upper()} torch.Tensor")
         if t.get_device() != index:
-            raise ValueError(f"{name}: on {t.device} but q is on {q.device}")
+            raise ValueError(f"{name}: on {t.device} but {ref_name} is on {ref.device}")
     return index
+
+
+def _cuda_index(q: Tensor, k: Tensor, v: Tensor, out: Optional[Tensor] = None, *more: Tuple[str, Tensor]) -> int:
+    """_device_index of q, k, v, out and more (name, tensor) pairs."""
+    return _device_index(("q", q), ("k", k), ("v", v), ("out", out), *more)
 
 
 def _current_stream(index: int) -> int:
@@ -409,20 +415,6 @@ def flash_attn_varlen(q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Tenso
 _lib.define("merge_attn_states(Tensor out_a, Tensor lse_a, Tensor out_b, Tensor lse_b) -> (Tensor, Tensor)")
 
 
-def _merge_device(*named: Tuple[str, Optional[Tensor]]) -> int:
-    """The one CUDA device of the named tensors (the first is the reference); raises naming the first
-    that is not there."""
-    ref_name, ref = named[0]
-    for name, t in named:
-        if t is None:
-            continue
-        if not t.is_cuda:
-            raise TypeError(f"{name}: expected a CUDA array, got a {t.device.type.upper()} torch.Tensor")
-        if t.get_device() != ref.get_device():
-            raise ValueError(f"{name}: on {t.device} but {ref_name} is on {ref.device}")
-    return ref.get_device()
-
-
 def _merge_launch(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor, out: Tensor, lse: Tensor, index: int,
                   stream: int, check_stream_device: bool) -> None:
     _C.merge_raw(_desc(out_a), _desc(lse_a), _desc(out_b), _desc(lse_b), _desc(out), _desc(lse), index, stream,
@@ -431,7 +423,7 @@ def _merge_launch(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor, ou
 
 def _merge_cuda(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> Tuple[Tensor, Tensor]:
     """flashcute::merge_attn_states: (out, lse) over the union of two disjoint key sets."""
-    index = _merge_device(("out_a", out_a), ("lse_a", lse_a), ("out_b", out_b), ("lse_b", lse_b))
+    index = _device_index(("out_a", out_a), ("lse_a", lse_a), ("out_b", out_b), ("lse_b", lse_b))
     out, lse = out_a.new_empty(out_a.shape), lse_a.new_empty(lse_a.shape)
     _merge_launch(out_a, lse_a, out_b, lse_b, out, lse, index, _current_stream(index), False)
     return out, lse
@@ -456,7 +448,7 @@ def merge_attn_states(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor
     if _may_be_traced(out_a, lse_a, out_b, lse_b, out):
         raise TypeError("out=, stream=: not supported under torch.compile, torch.export or other tracing; call "
                         "without them there")
-    index = _merge_device(("out_a", out_a), ("lse_a", lse_a), ("out_b", out_b), ("lse_b", lse_b), ("out", out))
+    index = _device_index(("out_a", out_a), ("lse_a", lse_a), ("out_b", out_b), ("lse_b", lse_b), ("out", out))
     handle, ctx, check = _launch_context(out_a.device, stream, _current_stream(index))
     with ctx:
         out = out_a.new_empty(out_a.shape) if out is None else out

@@ -11,213 +11,20 @@ through DLPack.
 
 from __future__ import annotations
 
-import contextlib
-import math
-import numbers
-import operator
-import sys
 from typing import Any, Optional, Tuple, Union
 
-from . import _C
+from ._args import (_CUPY, _DLPACK, _JAX, _TORCH, _as_bool, _as_int, _check_fa2_only, _check_cuda_array,
+                    _kernel_args, _one_framework, _parse_options, _parse_stream, _type_name)
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_bwd", "merge_attn_states"]
-
-# DLPack device types (dlpack.h, DLDeviceType).
-_KDL_CUDA = 2
-_KDL_CUDA_MANAGED = 13
-_DEVICE_TYPE_NAMES = {1: "CPU", 2: "CUDA", 3: "CUDA host (pinned)", 10: "ROCm", 11: "ROCm host", 13: "CUDA managed"}
-
-_TORCH, _CUPY, _JAX, _NUMPY, _DLPACK = "torch", "cupy", "jax", "numpy", "dlpack"
-_FRAMEWORK_TYPE_NAMES = {
-    _TORCH: "torch.Tensor",
-    _CUPY: "cupy.ndarray",
-    _JAX: "jax.Array",
-    _NUMPY: "numpy.ndarray",
-}
-
-
-# ---------------------------------------------------------------------------
-# Framework detection (never imports a framework: only looks in sys.modules)
-# ---------------------------------------------------------------------------
-
-
-def _framework(x: Any) -> Optional[str]:
-    """Which framework `x` belongs to, or None if it is not an array at all."""
-    mods = sys.modules
-    torch = mods.get("torch")
-    if torch is not None and isinstance(x, torch.Tensor):
-        return _TORCH
-    cupy = mods.get("cupy")
-    if cupy is not None and isinstance(x, cupy.ndarray):
-        return _CUPY
-    jax = mods.get("jax")
-    if jax is not None and isinstance(x, getattr(jax, "Array", ())):
-        return _JAX
-    np = mods.get("numpy")
-    if np is not None and isinstance(x, np.ndarray):
-        return _NUMPY
-    if hasattr(type(x), "__dlpack__") and hasattr(type(x), "__dlpack_device__"):
-        return _DLPACK
-    return None
-
-
-def _type_name(x: Any) -> str:
-    fw = _framework(x)
-    if fw in _FRAMEWORK_TYPE_NAMES:
-        return _FRAMEWORK_TYPE_NAMES[fw]
-    t = type(x)
-    return t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
-
-
-def _jax_is_concrete(x: Any) -> bool:
-    # Concrete arrays are jaxlib's C++ ArrayImpl; tracers (inside jit / vmap / grad) are Python
-    # classes of the jax package itself.
-    t = type(x)
-    return t.__module__.split(".")[0] == "jaxlib" or t.__name__ == "ArrayImpl"
-
-
-def _check_cuda_array(name: str, x: Any) -> str:
-    """Returns x's framework, or raises TypeError naming `name` if x is not a CUDA array."""
-    fw = _framework(x)
-    if fw is None:
-        raise TypeError(
-            f"{name}: expected a CUDA array (torch.Tensor, cupy.ndarray, jax.Array or another "
-            f"DLPack producer), got {_type_name(x)}"
-        )
-    if fw == _NUMPY:
-        raise TypeError(f"{name}: expected a CUDA array, got a CPU numpy.ndarray")
-    if fw == _TORCH or fw == _CUPY:
-        return fw  # torch: its path checks the device; CuPy arrays are CUDA arrays
-    if fw == _JAX:
-        if not _jax_is_concrete(x):
-            return fw  # a tracer: where it runs is XLA's to decide (the FFI target is CUDA-only)
-        ndev = len(x.devices())
-        if ndev != 1:
-            raise ValueError(f"{name}: a jax.Array sharded over {ndev} devices; flashcute needs single-device arrays")
-    dev_type = int(x.__dlpack_device__()[0])
-    if dev_type not in (_KDL_CUDA, _KDL_CUDA_MANAGED):
-        where = _DEVICE_TYPE_NAMES.get(dev_type, f"device type {dev_type}")
-        raise TypeError(f"{name}: expected a CUDA array, got a {where} {_type_name(x)}")
-    return fw
-
-
-# ---------------------------------------------------------------------------
-# Argument parsing
-# ---------------------------------------------------------------------------
-
-
-def _as_int(name: str, value: Any) -> int:
-    if type(value) is int:  # the common case first: these run on every call
-        return value
-    if isinstance(value, bool):
-        raise TypeError(f"{name}: expected an int, got bool")
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name}: expected an int, got {_type_name(value)}") from None
-
-
-def _as_bool(name: str, value: Any) -> bool:
-    if value is True or value is False:
-        return value
-    if type(value).__name__ == "bool_":  # numpy.bool_
-        return bool(value)
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    raise TypeError(f"{name}: expected a bool, got {_type_name(value)}")
-
-
-def _parse_window_size(window_size: Any) -> Tuple[int, int]:
-    if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
-        raise TypeError(
-            f"window_size: expected a tuple (left, right) of two ints (-1: unbounded), got {window_size!r}"
-        )
-    left, right = (_as_int("window_size", w) for w in window_size)
-    if left < -1 or right < -1:
-        raise ValueError(f"window_size: each bound must be >= -1 (-1: unbounded), got {(left, right)!r}")
-    return left, right
-
-
-def _as_real(name: str, value: Any) -> float:
-    if type(value) is float:
-        return value
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name}: expected a float, got {_type_name(value)}")
-    return float(value)
-
-
-def _parse_options(softmax_scale: Any, causal: Any, window_size: Any,
-                   softcap: Any) -> Tuple[Optional[float], bool, int, int, float]:
-    """The attention options both passes take, checked: (softmax_scale or None, causal,
-    window_left, window_right, softcap)."""
-    window_left, window_right = _parse_window_size(window_size)
-    softcap = _as_real("softcap", softcap)
-    if not 0 <= softcap < math.inf:  # comparisons, not math.isfinite: also fine under torch.compile
-        raise ValueError(f"softcap must be a finite number >= 0 (0 disables it), got {softcap!r}")
-    if softmax_scale is not None:
-        softmax_scale = _as_real("softmax_scale", softmax_scale)
-        if not 0 < softmax_scale < math.inf:
-            raise ValueError(f"softmax_scale must be a finite number > 0, got {softmax_scale!r}")
-    return softmax_scale, _as_bool("causal", causal), window_left, window_right, softcap
-
-
-def _kernel_args(q: Any, softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int,
-                 softcap: float) -> Tuple[float, bool, int, int, float]:
-    """The options as the bindings take them, the scale defaulting to 1 / sqrt(headdim) of q."""
-    if len(q.shape) != 4:
-        raise ValueError(f"q: expected 4 dims (batch, seqlen_q, nheads, headdim), got {len(q.shape)}")
-    if softmax_scale is None:
-        headdim = int(q.shape[3])
-        softmax_scale = 1.0 / math.sqrt(headdim) if headdim > 0 else 1.0  # headdim 0 is rejected by the validation
-    return (float(softmax_scale), causal, window_left, window_right, softcap)
-
-
-def _parse_stream(stream: Any) -> Optional[int]:
-    """The stream handle as an int, or None for "the framework's current stream"."""
-    if stream is None:
-        return None
-    if isinstance(stream, bool):
-        raise TypeError("stream: expected None, an int handle or a stream object, got bool")
-    if isinstance(stream, numbers.Integral):
-        handle = int(stream)
-    elif hasattr(stream, "__cuda_stream__"):
-        # CUDA stream protocol (cuda.core and friends): __cuda_stream__() -> (version, handle).
-        proto = stream.__cuda_stream__
-        proto = proto() if callable(proto) else proto
-        try:
-            _, handle = proto
-            handle = operator.index(handle)
-        except (TypeError, ValueError):
-            raise TypeError(f"stream: __cuda_stream__ must return (version, handle), got {proto!r}") from None
-    elif hasattr(stream, "cuda_stream"):  # torch.cuda.Stream
-        handle = operator.index(stream.cuda_stream)
-    elif hasattr(stream, "ptr"):  # cupy.cuda.Stream
-        handle = operator.index(stream.ptr)
-    else:
-        raise TypeError(
-            "stream: expected None, an int handle (cudaStream_t), or an object with __cuda_stream__, "
-            f".cuda_stream or .ptr, got {_type_name(stream)}"
-        )
-    if handle < 0:
-        raise ValueError(f"stream: expected a handle >= 0, got {handle}")
-    return handle
-
 
 # ---------------------------------------------------------------------------
 # Per-framework launch
 # ---------------------------------------------------------------------------
 #
-# torch: flashcute._torch (the custom op, and an eager fast path that passes data pointers,
-# shapes and strides, no DLPack). JAX: flashcute._jax (an XLA FFI custom call).
-#
-# CuPy: DLPack export. nanobind, given a plain object, calls x.__dlpack__() (with max_version,
-# or nothing) but never passes a stream, which CuPy reads as "the consumer uses the legacy
-# default stream" and answers with a cross-stream dependency nobody asked for. flashcute
-# therefore exports CuPy arrays itself with stream=-1 (the protocol's "no synchronisation, the
-# consumer orders the work") and hands nanobind the capsules. The work is then ordered
-# explicitly: the kernel runs on CuPy's current stream, in whose order the inputs are ready by
-# CuPy's own convention; when `stream=` names a different stream, that stream first waits (an
-# event, no host block) for the current one. The same holds for torch's eager path.
+# torch: flashcute._torch (the custom ops, and an eager fast path that passes data pointers,
+# shapes and strides, no DLPack). JAX: flashcute._jax (XLA FFI custom calls). CuPy:
+# flashcute._cupy (DLPack, ordered on CuPy's stream). Other DLPack producers: _run_dlpack.
 
 
 def _lse_shape(q: Any) -> Tuple[int, int, int]:
@@ -225,34 +32,10 @@ def _lse_shape(q: Any) -> Tuple[int, int, int]:
     return (b, h, sq)
 
 
-def _cupy_launch_context(device_id: int, stream: Optional[int]) -> Tuple[int, Any]:
-    """(stream handle, allocation context) of a CuPy launch on the current device `device_id`: CuPy's
-    current stream, or `stream`, which first waits for it (an event, no host block). CuPy's memory
-    pool keeps per-stream free lists: allocating under the launch stream keeps the outputs ordered
-    with it."""
-    cupy = sys.modules["cupy"]
-    current = cupy.cuda.get_current_stream()
-    if stream is None or stream == current.ptr:
-        return current.ptr, contextlib.nullcontext()
-    launch = cupy.cuda.ExternalStream(stream, device_id=device_id)
-    launch.wait_event(current.record())
-    return stream, launch
-
-
 def _run_cupy(q, k, v, out, return_lse, stream, args):
-    cupy = sys.modules["cupy"]
-    with cupy.cuda.Device(q.device.id):
-        handle, alloc_ctx = _cupy_launch_context(q.device.id, stream)
-        with alloc_ctx:
-            if out is None:
-                out = cupy.empty(q.shape, dtype=q.dtype)
-            lse = cupy.empty(_lse_shape(q), dtype=cupy.float32) if return_lse else None
+    from . import _cupy
 
-    def export(a):
-        return None if a is None else a.__dlpack__(stream=-1)
-
-    _C.fwd(export(q), export(k), export(v), export(out), export(lse), *args, handle)
-    return out, lse
+    return _cupy.run_fwd(q, k, v, out, _lse_shape(q) if return_lse else None, stream, args)
 
 
 def _run_dlpack(q, k, v, out, return_lse, stream, args):
@@ -269,6 +52,8 @@ def _run_dlpack(q, k, v, out, return_lse, stream, args):
 
     def export(a):
         return a.__dlpack__(stream=dl_stream)
+
+    from . import _C
 
     _C.fwd(export(q), export(k), export(v), export(out), None, *args, handle)
     return out, None
@@ -296,19 +81,6 @@ _RUNNERS = {_TORCH: _run_torch, _CUPY: _run_cupy, _JAX: _run_jax, _DLPACK: _run_
 # ---------------------------------------------------------------------------
 # Public API
 # ---------------------------------------------------------------------------
-
-
-def _check_fa2_only(dropout_p: Any, alibi_slopes: Any) -> None:
-    """The FlashAttention-2 keywords flashcute accepts only at their default."""
-    dropout_p = _as_real("dropout_p", dropout_p)
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p: expected a probability in [0, 1), got {dropout_p!r}")
-    if dropout_p > 0.0:
-        raise NotImplementedError(
-            f"dropout_p: flashcute has no dropout yet, so dropout_p must be 0.0, got {dropout_p!r}"
-        )
-    if alibi_slopes is not None:
-        raise NotImplementedError("alibi_slopes: flashcute has no ALiBi yet, so alibi_slopes must be None")
 
 
 def flash_attn_func(
@@ -445,37 +217,12 @@ def flash_attn_func(
     stream = _parse_stream(stream)
 
     # Arrays: CUDA arrays of one framework.
-    fw = _check_cuda_array("q", q)
-    for name, x in (("k", k), ("v", v)) + ((("out", out),) if out is not None else ()):
-        fw_x = _check_cuda_array(name, x)
-        if fw_x != fw:
-            raise TypeError(
-                f"{name}: is a {_type_name(x)} but q is a {_type_name(q)}; q, k, v and out must come "
-                "from the same framework"
-            )
+    fw = _one_framework(("q", q), ("k", k), ("v", v), ("out", out), optional=("out",))
     args = _kernel_args(q, softmax_scale, causal, window_left, window_right, softcap)
     out, lse = _RUNNERS[fw](q, k, v, out, return_lse or return_attn_probs, stream, args)
     if return_attn_probs:
         return out, lse, None
     return (out, lse) if return_lse else out
-
-
-def _run_bwd_cupy(dout, q, k, v, out, lse, dq, dk, dv, stream, args, deterministic):
-    cupy = sys.modules["cupy"]
-    with cupy.cuda.Device(q.device.id):
-        handle, alloc_ctx = _cupy_launch_context(q.device.id, stream)
-        with alloc_ctx:
-            dq = cupy.empty(q.shape, dtype=q.dtype) if dq is None else dq
-            dk = cupy.empty(k.shape, dtype=k.dtype) if dk is None else dk
-            dv = cupy.empty(v.shape, dtype=v.dtype) if dv is None else dv
-            b, sq, h, _ = q.shape
-            workspace = cupy.empty((_C.bwd_workspace_floats(b, h, sq),), dtype=cupy.float32)
-
-    def export(a):
-        return a.__dlpack__(stream=-1)
-
-    _C.bwd(*(export(a) for a in (dout, q, k, v, out, lse, dq, dk, dv, workspace)), *args, deterministic, handle)
-    return dq, dk, dv
 
 
 def flash_attn_bwd(
@@ -524,22 +271,17 @@ def flash_attn_bwd(
     deterministic = _as_bool("deterministic", deterministic)
     stream = _parse_stream(stream)
 
-    fw = _check_cuda_array("q", q)
-    named = (("dout", dout), ("k", k), ("v", v), ("out", out), ("lse", lse), ("dq", dq), ("dk", dk), ("dv", dv))
-    for name, x in named:
-        if x is None and name in ("dq", "dk", "dv"):
-            continue
-        if _check_cuda_array(name, x) != fw:
-            raise TypeError(
-                f"{name}: is a {_type_name(x)} but q is a {_type_name(q)}; all arrays must come from the same framework"
-            )
+    fw = _one_framework(("q", q), ("dout", dout), ("k", k), ("v", v), ("out", out), ("lse", lse), ("dq", dq),
+                        ("dk", dk), ("dv", dv), optional=("dq", "dk", "dv"))
     args = _kernel_args(q, softmax_scale, causal, window_left, window_right, softcap)
     if fw == _TORCH:
         from ._torch import flash_attn_bwd as run
 
         return run(dout, q, k, v, out, lse, dq, dk, dv, stream, args, deterministic)
     if fw == _CUPY:
-        return _run_bwd_cupy(dout, q, k, v, out, lse, dq, dk, dv, stream, args, deterministic)
+        from . import _cupy
+
+        return _cupy.run_bwd(dout, q, k, v, out, lse, dq, dk, dv, stream, args, deterministic)
     if fw == _JAX:
         raise TypeError("q: flash_attn_bwd takes torch or CuPy arrays; JAX users differentiate flash_attn_func "
                         "with jax.grad")
@@ -628,19 +370,9 @@ def flash_attn_varlen_func(
             raise ValueError(f"{name}: expected an int >= 0, got {value}")
     stream = _parse_stream(stream)
 
-    fw = _check_cuda_array("q", q)
-    named = (("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k))
-    for name, x in named + ((("out", out),) if out is not None else ()):
-        if _check_cuda_array(name, x) != fw:
-            raise TypeError(
-                f"{name}: is a {_type_name(x)} but q is a {_type_name(q)}; all arrays must come from the same framework"
-            )
-    if len(q.shape) != 3:
-        raise ValueError(f"q: expected 3 dims (total_q, nheads, headdim), got {len(q.shape)}")
-    if softmax_scale is None:
-        headdim = int(q.shape[2])
-        softmax_scale = 1.0 / math.sqrt(headdim) if headdim > 0 else 1.0
-    args = (float(softmax_scale), causal, window_left, window_right, softcap)
+    fw = _one_framework(("q", q), ("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k),
+                        ("out", out), optional=("out",))
+    args = _kernel_args(q, softmax_scale, causal, window_left, window_right, softcap, "(total_q, nheads, headdim)")
     want_lse = want_lse or return_attn_probs
     if fw == _TORCH:
         from ._torch import flash_attn_varlen
@@ -648,8 +380,10 @@ def flash_attn_varlen_func(
         out, lse = flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out, want_lse,
                                      stream, args)
     elif fw == _CUPY:
-        out, lse = _run_varlen_cupy(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out, want_lse,
-                                    stream, args)
+        from . import _cupy
+
+        out, lse = _cupy.run_fwd(q, k, v, out, (q.shape[1], q.shape[0]) if want_lse else None, stream, args,
+                                 (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
     elif fw == _JAX:
         from ._jax import flash_attn_varlen as run_jax
 
@@ -661,22 +395,6 @@ def flash_attn_varlen_func(
     if return_attn_probs:
         return out, lse, None
     return (out, lse) if want_lse else out
-
-
-def _run_varlen_cupy(q, k, v, cu_q, cu_k, max_q, max_k, out, return_lse, stream, args):
-    cupy = sys.modules["cupy"]
-    with cupy.cuda.Device(q.device.id):
-        handle, alloc_ctx = _cupy_launch_context(q.device.id, stream)
-        with alloc_ctx:
-            out = cupy.empty(q.shape, dtype=q.dtype) if out is None else out
-            lse = cupy.empty((q.shape[1], q.shape[0]), dtype=cupy.float32) if return_lse else None
-
-    def export(a):
-        return None if a is None else a.__dlpack__(stream=-1)
-
-    _C.fwd(export(q), export(k), export(v), export(out), export(lse), *args, handle, export(cu_q), export(cu_k),
-           max_q, max_k)
-    return out, lse
 
 
 # ---------------------------------------------------------------------------
@@ -717,26 +435,16 @@ def merge_attn_states(
         ``torch.ops.flashcute.merge_attn_states``, traceable; CuPy; JAX: an XLA FFI call).
     """
     stream = _parse_stream(stream)
-    fw = _check_cuda_array("out_a", out_a)
-    named = (("lse_a", lse_a), ("out_b", out_b), ("lse_b", lse_b)) + ((("out", out),) if out is not None else ())
-    for name, x in named:
-        if _check_cuda_array(name, x) != fw:
-            raise TypeError(f"{name}: is a {_type_name(x)} but out_a is a {_type_name(out_a)}; all arrays must come "
-                            "from the same framework")
+    fw = _one_framework(("out_a", out_a), ("lse_a", lse_a), ("out_b", out_b), ("lse_b", lse_b), ("out", out),
+                        optional=("out",))
     if fw == _TORCH:
         from ._torch import merge_attn_states as run
 
         return run(out_a, lse_a, out_b, lse_b, out, stream)
     if fw == _CUPY:
-        cupy = sys.modules["cupy"]
-        with cupy.cuda.Device(out_a.device.id):
-            handle, alloc_ctx = _cupy_launch_context(out_a.device.id, stream)
-            with alloc_ctx:
-                out = cupy.empty(out_a.shape, dtype=out_a.dtype) if out is None else out
-                lse = cupy.empty(lse_a.shape, dtype=cupy.float32)
-        arrays = [a.__dlpack__(stream=-1) for a in (out_a, lse_a, out_b, lse_b, out, lse)]
-        _C.merge(*arrays, handle)
-        return out, lse
+        from . import _cupy
+
+        return _cupy.run_merge(out_a, lse_a, out_b, lse_b, out, stream)
     if fw == _JAX:
         if out is not None or stream is not None:
             raise TypeError("out=, stream=: not supported with JAX inputs (immutable arrays; XLA's stream)")
