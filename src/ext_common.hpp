@@ -18,6 +18,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "flashcute/host/api.hpp"
@@ -134,6 +135,21 @@ struct Imported {
   Array array;
   Ref ref;
   std::string dtype_label;
+
+  Imported() = default;
+  // ref.dtype_label points into dtype_label: a copy or move (into a std::optional, say) re-points it.
+  Imported(const Imported& o) : array(o.array), ref(o.ref), dtype_label(o.dtype_label) { relabel(); }
+  Imported(Imported&& o) noexcept
+      : array(std::move(o.array)), ref(o.ref), dtype_label(std::move(o.dtype_label)) { relabel(); }
+  Imported& operator=(const Imported& o) { return *this = Imported(o); }
+  Imported& operator=(Imported&& o) noexcept {
+    array = std::move(o.array);
+    ref = o.ref;
+    dtype_label = std::move(o.dtype_label);
+    relabel();
+    return *this;
+  }
+  void relabel() { ref.dtype_label = dtype_label.c_str(); }
 
   void describe() {
     dtype_label = dtype_name(array.dtype());
@@ -299,9 +315,6 @@ struct VarlenInputs {
     if (!given(q_obj)) return;
     cu_q = import_input("cu_seqlens_q", q_obj);
     cu_k = import_input("cu_seqlens_k", k_obj);
-    // Moved into the optionals: their refs must name the dtype strings at their new address.
-    cu_q->ref.dtype_label = cu_q->dtype_label.c_str();
-    cu_k->ref.dtype_label = cu_k->dtype_label.c_str();
   }
   std::optional<flashcute::VarlenArgs> args(int64_t max_q, int64_t max_k) const {
     if (!cu_q) return std::nullopt;

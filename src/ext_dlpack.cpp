@@ -18,10 +18,7 @@ void fwd(nb::handle q_obj, nb::handle k_obj, nb::handle v_obj, nb::handle out_ob
   const Input v = import_input("v", v_obj);
   const Output out = import_output("out", out_obj);
   std::optional<Output> lse;
-  if (lse_obj.is_valid() && !lse_obj.is_none()) {
-    lse = import_output("lse", lse_obj);
-    lse->ref.dtype_label = lse->dtype_label.c_str();  // moved: name the string at its new address
-  }
+  if (lse_obj.is_valid() && !lse_obj.is_none()) lse = import_output("lse", lse_obj);
   const VarlenInputs varlen(cu_seqlens_q, cu_seqlens_k);
   if (stream < 0) value_error("stream: expected a CUDA stream handle >= 0, got " + std::to_string(stream));
 

@@ -87,22 +87,19 @@ inline Status plan_merge(const MergeArgs& a, MergePlan& plan) {
   p.lse_a = static_cast<const float*>(a.lse_a.data);
   p.lse_b = static_cast<const float*>(a.lse_b.data);
   p.lse = static_cast<float*>(a.lse.mutable_data());
-  auto out_strides = [&](const TensorRef& t, int64_t* s) {  // (batch, row, head)
+  // The strides of the first three dims: (batch, row, head) of an output, (batch, head, row) of
+  // an lse; a varlen array has no batch dim (stride 0).
+  auto outer_strides = [&](const TensorRef& t, int64_t* s) {
     s[0] = varlen ? 0 : kstride(t, 0);
     s[1] = kstride(t, varlen ? 0 : 1);
     s[2] = kstride(t, varlen ? 1 : 2);
   };
-  auto lse_strides = [&](const TensorRef& t, int64_t* s) {  // (batch, head, row)
-    s[0] = varlen ? 0 : kstride(t, 0);
-    s[1] = kstride(t, varlen ? 0 : 1);
-    s[2] = kstride(t, varlen ? 1 : 2);
-  };
-  out_strides(a.out_a, p.a_stride);
-  out_strides(a.out_b, p.b_stride);
-  out_strides(a.out, p.out_stride);
-  lse_strides(a.lse_a, p.lse_a_stride);
-  lse_strides(a.lse_b, p.lse_b_stride);
-  lse_strides(a.lse, p.lse_stride);
+  outer_strides(a.out_a, p.a_stride);
+  outer_strides(a.out_b, p.b_stride);
+  outer_strides(a.out, p.out_stride);
+  outer_strides(a.lse_a, p.lse_a_stride);
+  outer_strides(a.lse_b, p.lse_b_stride);
+  outer_strides(a.lse, p.lse_stride);
   p.batch = int(batch);
   p.seqlen = int(seqlen);
   p.nheads = int(nheads);
