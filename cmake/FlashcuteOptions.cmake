@@ -18,6 +18,7 @@ else()
   set(_flashcute_python_default OFF)
 endif()
 option(FLASHCUTE_BACKWARD "Build the backward kernels (dq, dk, dv) beside the forward ones" ON)
+option(FLASHCUTE_KVCACHE "Build the KV-cache kernels (flash_attn_with_kvcache: split-KV, paged) beside the forward ones" ON)
 option(FLASHCUTE_BUILD_PYTHON "Build the Python extension flashcute._C" ${_flashcute_python_default})
 option(FLASHCUTE_BUILD_TESTS "Build the C++ tests and register them with ctest" OFF)
 option(FLASHCUTE_BUILD_TUNING "Build benchmarks/tune_fwd and tune_bwd (tile-config sweeps; on with the tests, so CI compiles them)"

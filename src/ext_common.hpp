@@ -404,6 +404,14 @@ void merge(nb::handle out_a, nb::handle lse_a, nb::handle out_b, nb::handle lse_
            int64_t stream);
 void merge_raw(nb::handle out_a, nb::handle lse_a, nb::handle out_b, nb::handle lse_b, nb::handle out, nb::handle lse,
                int device, int64_t stream, bool check_stream_device);
+int fwd_kvcache(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handle out, nb::handle lse, nb::handle k,
+                nb::handle v, nb::handle cache_seqlens, nb::handle block_table, nb::handle workspace_alloc,
+                double softmax_scale, bool causal, int64_t window_left, int64_t window_right, double softcap,
+                int64_t num_splits, int64_t stream);
+int fwd_kvcache_raw(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handle out, nb::handle lse, nb::handle k,
+                    nb::handle v, nb::handle cache_seqlens, nb::handle block_table, nb::handle workspace_alloc,
+                    double softmax_scale, bool causal, int64_t window_left, int64_t window_right, double softcap,
+                    int64_t num_splits, int device, int64_t stream, bool check_stream_device);
 void check_fwd(std::vector<int64_t> q_shape, std::vector<int64_t> k_shape, std::vector<int64_t> v_shape,
                std::string q_dtype, std::string k_dtype, std::string v_dtype, double softmax_scale, bool causal,
                int64_t window_left, int64_t window_right, double softcap,

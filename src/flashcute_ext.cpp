@@ -123,6 +123,7 @@ NB_MODULE(_C, m) {
     opts["FLASHCUTE_HEAD_DIMS"] = flashcute::kBuildHeadDims;
     opts["FLASHCUTE_DTYPES"] = flashcute::kBuildDtypes;
     opts["FLASHCUTE_BACKWARD"] = flashcute::kBuildBackward;
+    opts["FLASHCUTE_KVCACHE"] = flashcute::kBuildKvcache;
     m.attr("BUILD_OPTIONS") = opts;
   }
   {
@@ -150,6 +151,23 @@ NB_MODULE(_C, m) {
         "max_seqlen_k"_a = 0,
         "fwd() for arrays described as (data_ptr, shape, strides, dtype name) tuples on CUDA device `device`\n"
         "(the caller checked that). The eager fast path of the torch binding: no DLPack export.");
+  m.def("fwd_kvcache", &fwd_kvcache, "q"_a.none(), "k_cache"_a.none(), "v_cache"_a.none(), "out"_a.none(),
+        "lse"_a.none(), "k"_a.none(), "v"_a.none(), "cache_seqlens"_a.none(), "block_table"_a.none(),
+        "workspace_alloc"_a.none(), "softmax_scale"_a, "causal"_a, "window_left"_a, "window_right"_a, "softcap"_a,
+        "num_splits"_a, "stream"_a,
+        "Attention over a KV cache (flash_attn_with_kvcache), writing `out` (and `lse` unless None) on\n"
+        "`stream`; returns the number of key splits that ran.\n\n"
+        "k_cache, v_cache: (batch, seqlen_cache, nheads_k, headdim), or paged (num_blocks, page_size,\n"
+        "nheads_k, headdim) with block_table int32 (batch, max_num_blocks_per_seq). cache_seqlens: None or\n"
+        "int32 (batch,). k, v: None or (batch, seqlen_new, nheads_k, headdim), written into the cache at\n"
+        "cache_seqlens before attending. num_splits: 0 chooses. workspace_alloc(n): returns a float32\n"
+        "array of n elements, asked only when the keys are split. Never synchronises.");
+  m.def("fwd_kvcache_raw", &fwd_kvcache_raw, "q"_a, "k_cache"_a, "v_cache"_a, "out"_a, "lse"_a.none(), "k"_a.none(),
+        "v"_a.none(), "cache_seqlens"_a.none(), "block_table"_a.none(), "workspace_alloc"_a.none(), "softmax_scale"_a,
+        "causal"_a, "window_left"_a, "window_right"_a, "softcap"_a, "num_splits"_a, "device"_a, "stream"_a,
+        "check_stream_device"_a,
+        "fwd_kvcache() for arrays described as (data_ptr, shape, strides, dtype name) tuples on CUDA device\n"
+        "`device`; workspace_alloc(n) returns such a descriptor.");
   m.def("check_fwd", &check_fwd, "q_shape"_a, "k_shape"_a, "v_shape"_a, "q_dtype"_a, "k_dtype"_a, "v_dtype"_a,
         "softmax_scale"_a, "causal"_a, "window_left"_a, "window_right"_a, "softcap"_a,
         "cu_seqlens_q_shape"_a.none() = nb::none(), "cu_seqlens_k_shape"_a.none() = nb::none(),

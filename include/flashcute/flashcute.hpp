@@ -14,3 +14,5 @@
 #include "flashcute/sm80/launch_bwd.hpp"
 #include "flashcute/sm80/launch_fwd.hpp"
 #include "flashcute/sm80/kernel_merge.hpp"
+#include "flashcute/sm80/kernel_kvcache.hpp"
+#include "flashcute/sm80/launch_splitkv.hpp"

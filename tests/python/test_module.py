@@ -39,7 +39,8 @@ def _build_option(name: str):
 
 
 def test_build_options_are_recorded():
-    assert set(_C.BUILD_OPTIONS) == {"FLASHCUTE_CUDA_ARCHS", "FLASHCUTE_HEAD_DIMS", "FLASHCUTE_DTYPES", "FLASHCUTE_BACKWARD"}
+    assert set(_C.BUILD_OPTIONS) == {"FLASHCUTE_CUDA_ARCHS", "FLASHCUTE_HEAD_DIMS", "FLASHCUTE_DTYPES", "FLASHCUTE_BACKWARD",
+                                     "FLASHCUTE_KVCACHE"}
     for name, value in _C.BUILD_OPTIONS.items():
         assert isinstance(value, str) and _split(value), name
     assert all(int(a.rstrip("af")) >= 80 for a in _split(_C.BUILD_OPTIONS["FLASHCUTE_CUDA_ARCHS"]))
@@ -113,7 +114,9 @@ def test_compiled_kernels_are_the_list_the_build_made():
     dims = sorted(int(d) for d in _build_option("FLASHCUTE_HEAD_DIMS"))
     dtypes = {DTYPE_OPTION_NAMES[t.lower()] for t in _build_option("FLASHCUTE_DTYPES")}
     kernels = _C.compiled_kernels()
-    directions = ["fwd", "bwd"] if _C.BUILD_OPTIONS["FLASHCUTE_BACKWARD"] == "ON" else ["fwd"]
+    directions = ["fwd"]
+    directions += ["bwd"] if _C.BUILD_OPTIONS["FLASHCUTE_BACKWARD"] == "ON" else []
+    directions += ["splitkv"] if _C.BUILD_OPTIONS["FLASHCUTE_KVCACHE"] == "ON" else []
     assert sorted(kernels) == sorted(("sm80", di, dt, d) for di in directions for dt in dtypes for d in dims)
     assert flashcute.compiled_kernels() == kernels
     assert sorted({k[3] for k in kernels}) == _C.compiled_head_dims()

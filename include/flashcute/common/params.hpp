@@ -58,6 +58,40 @@ struct FwdParams {
   const int* cu_seqlens_k = nullptr;
   int total_q = 0;
   int total_k = 0;
+
+  // A KV cache (flash_attn_with_kvcache; the splitkv kernels only). seqlen_k is then the cache's
+  // capacity per batch entry, and entry b attends to its first
+  //   min(cache_seqlens[b] + seqlen_new, seqlen_k)
+  // keys (cache_seqlens null: all seqlen_k). cache_seqlens lives on the device and is read only
+  // there; a negative entry counts as 0.
+  const int* cache_seqlens = nullptr;
+  int seqlen_new = 0;  // keys appended at cache_seqlens[b] before attending (the append kernel)
+  // Paged: k and v are (num_pages, page_size, nheads_k, head_dim), k/v_batch_stride step between
+  // pages, and key j of entry b is row j % page_size of page block_table[b][j / page_size]. An
+  // entry outside [0, num_pages) is clamped into it: a kernel never leaves the cache.
+  const int* block_table = nullptr;
+  int64_t block_table_batch_stride = 0;
+  int max_pages_per_seq = 0;  // block_table's second dim
+  int num_pages = 0;
+  int page_size_log2 = 0;     // page_size = 1 << page_size_log2
+
+  // Split-KV: num_splits CTAs share the keys of one query tile, each writing its own normalised
+  // partial and lse in float32 to o_accum (num_splits, batch, nheads, seqlen_q, head_dim) and
+  // lse_accum (num_splits, batch, nheads, seqlen_q), both contiguous; the combine kernel merges
+  // them into o and lse by the lse. num_splits == 1 writes o and lse directly.
+  int num_splits = 1;
+  float* o_accum = nullptr;
+  float* lse_accum = nullptr;
+};
+
+// Appends k_new / v_new (batch, seqlen_new, nheads_k, head_dim) to a KV cache at cache_seqlens[b]
+// (FwdParams describes the cache), in place. Rows that would land at or past the capacity
+// seqlen_k are dropped.
+struct AppendKvParams {
+  const void* k_new = nullptr;
+  const void* v_new = nullptr;
+  int64_t kn_batch_stride = 0, kn_row_stride = 0, kn_head_stride = 0;
+  int64_t vn_batch_stride = 0, vn_row_stride = 0, vn_head_stride = 0;
 };
 
 // The backward pass reads the forward's arrays (o and lse are inputs here) and dout, and writes

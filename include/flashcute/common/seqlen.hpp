@@ -41,6 +41,11 @@ struct FwdSeqlen {
       v_offset = batch * p.v_batch_stride;
       o_offset = batch * p.o_batch_stride;
       lse_offset = batch * p.lse_batch_stride;
+      if (p.cache_seqlens != nullptr) {  // a KV cache (device only): its filled length, clamped
+        const int64_t used = int64_t(p.cache_seqlens[batch]) + p.seqlen_new;
+        seqlen_k = used < 0 ? 0 : (used > p.seqlen_k ? p.seqlen_k : int(used));
+      }
+      if (p.block_table != nullptr) k_offset = v_offset = 0;  // paged: each row finds its page
       return;
     }
     // Varlen (device only: the arrays are device memory). A decreasing pair gives length 0.
@@ -53,6 +58,34 @@ struct FwdSeqlen {
     v_offset = k_start * p.v_row_stride;
     o_offset = q_start * p.o_row_stride;
     lse_offset = q_start;  // lse is (nheads, total_q) with unit row stride
+  }
+};
+
+// A paged KV cache's page table, for one batch entry (FwdParams::block_table).
+struct PagedKv {
+  const int* table;  // this entry's row of block_table
+  int max_pages;     // its length
+  int num_pages;     // pages in the cache
+  int log2;          // log2(page_size)
+
+  CUTE_HOST_DEVICE PagedKv(const FwdParams& p, int batch)
+      : table(p.block_table + batch * p.block_table_batch_stride),
+        max_pages(p.max_pages_per_seq),
+        num_pages(p.num_pages),
+        log2(p.page_size_log2) {}
+
+  // The page holding key `key` (>= 0): both the table index and the page it holds are clamped
+  // into their arrays, whatever the table says.
+  CUTE_DEVICE int page_of(int key) const {
+    const int index = min(key >> log2, max_pages - 1);
+    return min(max(table[index], 0), num_pages - 1);
+  }
+  // Element offset of key `key`, on page `page`, in a cache whose pages are page_stride apart.
+  CUTE_DEVICE int64_t offset(int page, int key, int64_t page_stride, int64_t row_stride) const {
+    return page * page_stride + (key & ((1 << log2) - 1)) * row_stride;
+  }
+  CUTE_DEVICE int64_t row_offset(int key, int64_t page_stride, int64_t row_stride) const {
+    return offset(page_of(key), key, page_stride, row_stride);
   }
 };
 

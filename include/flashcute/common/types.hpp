@@ -34,8 +34,9 @@ constexpr const char* dtype_option(DType d) { return d == DType::kFloat16 ? "fp1
 // GPU. A Hopper family (wgmma + TMA, built for sm90a only) goes beside it as kSm90.
 enum class Arch : uint8_t { kSm80 };
 
-// kFwd: attention forward; kBwd: its backward (dq, dk, dv).
-enum class Direction : uint8_t { kFwd, kBwd };
+// kFwd: attention forward; kBwd: its backward (dq, dk, dv); kSplitkv: the forward over a KV
+// cache (flash_attn_with_kvcache): split-KV partials, paged K/V, per-entry cache lengths.
+enum class Direction : uint8_t { kFwd, kBwd, kSplitkv };
 
 // One compiled kernel. A structural type: usable as a template argument.
 struct KernelKey {
@@ -49,7 +50,7 @@ struct KernelKey {
 
 constexpr const char* arch_name(Arch a) { return a == Arch::kSm80 ? "sm80" : "unknown"; }
 constexpr const char* direction_name(Direction d) {
-  return d == Direction::kFwd ? "fwd" : d == Direction::kBwd ? "bwd" : "unknown";
+  return d == Direction::kFwd ? "fwd" : d == Direction::kBwd ? "bwd" : d == Direction::kSplitkv ? "splitkv" : "unknown";
 }
 
 }  // namespace flashcute

@@ -19,14 +19,18 @@ namespace flashcute {
 
 namespace detail {
 
-// Params is FwdParams or BwdParams: the direction of the kernels it selects.
+// Whether the kernels of a direction take Params (BwdParams: the backward; FwdParams: the others).
 template <class Params>
-inline constexpr Direction kDirectionOf = std::is_same_v<Params, BwdParams> ? Direction::kBwd : Direction::kFwd;
+constexpr bool takes_params(Direction d) {
+  return std::is_same_v<Params, BwdParams> == (d == Direction::kBwd);
+}
 
 template <KernelKey kKey, class Params>
 Status launch_kernel(const Params& params, cudaStream_t stream) {
-  static_assert(kKey.direction == kDirectionOf<Params>);
+  static_assert(takes_params<Params>(kKey.direction));
   if constexpr (kKey.direction == Direction::kFwd) return sm80::launch_fwd<kKey.dtype, kKey.head_dim>(params, stream);
+  else if constexpr (kKey.direction == Direction::kSplitkv)
+    return sm80::launch_splitkv<kKey.dtype, kKey.head_dim>(params, stream);
   else return sm80::launch_bwd<kKey.dtype, kKey.head_dim>(params, stream);
 }
 
@@ -36,7 +40,7 @@ Status launch_listed(const KernelKey& key, const Params& params, cudaStream_t st
   // Only the kernels of Params' direction are referenced: an if constexpr per list entry.
   auto try_one = [&](auto index) {
     constexpr KernelKey kKey = kCompiledKernels[decltype(index)::value];
-    if constexpr (kKey.direction == kDirectionOf<Params>) {
+    if constexpr (takes_params<Params>(kKey.direction)) {
       if (kKey == key) {
         status = launch_kernel<kKey>(params, stream);
         return true;
@@ -53,16 +57,39 @@ Status launch_listed(const KernelKey& key, const Params& params, cudaStream_t st
 
 }  // namespace detail
 
-// Launches a plan from plan_fwd() or plan_bwd() on `stream`. Never synchronises; an empty plan
-// launches nothing.
-template <class Plan>
-Status launch(const Plan& plan, cudaStream_t stream) {
-  if (plan.empty) return Status::success();
-  Status st = detail::launch_listed(plan.kernel, plan.params, stream, std::make_index_sequence<kNumCompiledKernels>{});
+namespace detail {
+
+template <class Params>
+Status launch_key(const KernelKey& key, const Params& params, cudaStream_t stream) {
+  Status st = launch_listed(key, params, stream, std::make_index_sequence<kNumCompiledKernels>{});
   if (st.cuda_error == cudaErrorNoKernelImageForDevice || st.cuda_error == cudaErrorInvalidDeviceFunction)
     st.message += std::string("; this build has kernels for compute capabilities ") + kBuildCudaArchs +
                   " (build option FLASHCUTE_CUDA_ARCHS): rebuild it for this GPU";
   return st;
+}
+
+}  // namespace detail
+
+// Launches a plan from plan_bwd() on `stream`. Never synchronises; an empty plan launches nothing.
+template <class Plan>
+Status launch(const Plan& plan, cudaStream_t stream) {
+  if (plan.empty) return Status::success();
+  return detail::launch_key(plan.kernel, plan.params, stream);
+}
+
+// Launches a plan from plan_fwd(). A KV-cache plan is up to three kernels in stream order: the
+// append of the new keys and values, the attention, and the combine of its split-KV partials.
+inline Status launch(const FwdPlan& plan, cudaStream_t stream) {
+  if (plan.append) FLASHCUTE_RETURN_IF_ERROR(sm80::launch_append_kv<0>(plan.params, plan.append_params, stream));
+  if (plan.empty) return Status::success();
+  if (plan.workspace_floats > 0 && plan.params.o_accum == nullptr)
+    return Status::invalid_argument("workspace", "float32 with >= " + std::to_string(plan.workspace_floats) +
+                                                     " elements for " + std::to_string(plan.params.num_splits) +
+                                                     " key splits", "none (attach_workspace)");
+  FLASHCUTE_RETURN_IF_ERROR(detail::launch_key(plan.kernel, plan.params, stream));
+  if (plan.kernel.direction == Direction::kSplitkv && plan.params.num_splits > 1)
+    return sm80::launch_combine<0>(plan.params, plan.kernel.dtype, stream);
+  return Status::success();
 }
 
 }  // namespace flashcute

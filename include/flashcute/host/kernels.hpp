@@ -27,6 +27,14 @@ template <DType kDType, int kHeadDim>
 Status launch_fwd(const FwdParams& params, cudaStream_t stream);
 template <DType kDType, int kHeadDim>
 Status launch_bwd(const BwdParams& params, cudaStream_t stream);
+template <DType kDType, int kHeadDim>
+Status launch_splitkv(const FwdParams& params, cudaStream_t stream);
+// The KV-cache call's append and combine (sm80/kernel_kvcache.hpp), every dtype in one function
+// each: instantiated (<0>) in src/kvcache.cu.
+template <int kUnused>
+Status launch_append_kv(const FwdParams& params, const AppendKvParams& append, cudaStream_t stream);
+template <int kUnused>
+Status launch_combine(const FwdParams& params, DType dtype, cudaStream_t stream);
 // merge_attn_states (sm80/kernel_merge.hpp), every dtype in one function: instantiated (<0>) in
 // src/merge.cu, a template only so that header-only users may define it in several TUs.
 template <int kUnused>
@@ -41,6 +49,8 @@ constexpr bool kernel_list_is_consistent() {
     if (sm80::default_fwd_config(hd).head_dim != hd || sm80::validate(sm80::default_fwd_config(hd)) != nullptr)
       return false;
     if (sm80::default_bwd_config(hd).head_dim != hd || sm80::validate_bwd(sm80::default_bwd_config(hd)) != nullptr)
+      return false;
+    if (sm80::default_splitkv_config(hd).head_dim != hd || sm80::validate(sm80::default_splitkv_config(hd)) != nullptr)
       return false;
   }
   for (const KernelKey& key : kCompiledKernels) {

@@ -43,6 +43,23 @@ struct VarlenArgs {
   int64_t max_seqlen_k = 0;  // the longest sequence's key count
 };
 
+// A call over a KV cache, as FlashAttention-2's flash_attn_with_kvcache takes it. FwdArgs' k and
+// v are then the caches: (batch, seqlen_cache, nheads_k, head_dim), or paged (num_pages,
+// page_size, nheads_k, head_dim) with a block_table. They are written in place when k_new and
+// v_new are given. cache_seqlens and block_table are device memory, never read on the host: the
+// kernels clamp what they hold into the cache (common/seqlen.hpp), and what cannot be checked
+// without reading them (an entry past the capacity, a page number out of range) is clamped, not
+// reported.
+struct KvcacheArgs {
+  std::optional<TensorRef> cache_seqlens;  // int32 (batch,): keys in each entry's cache; absent: all
+  std::optional<TensorRef> block_table;    // int32 (batch, max_pages_per_seq): a paged cache
+  std::optional<TensorRef> k_new;          // (batch, seqlen_new, nheads_k, head_dim), like q
+  std::optional<TensorRef> v_new;          // like k_new
+  int64_t num_splits = 0;                  // 0: chosen from the shapes and the SM count; 1: none
+  std::optional<MutableTensorRef> workspace;  // float32, >= FwdPlan::workspace_floats (split-KV)
+  int num_sms = 0;                         // the GPU's SM count for the choice; 0: the current device's
+};
+
 // A forward call: out = softmax(q k^T * softmax_scale, masked) v, and optionally its logsumexp.
 struct FwdArgs {
   TensorRef q;  // (batch, seqlen_q, nheads, head_dim), float16 or bfloat16
@@ -57,6 +74,8 @@ struct FwdArgs {
   double softcap = 0.0;                 // > 0: scores = softcap * tanh(scores / softcap)
   // Set: a variable-length batch; q, k, v and out have no batch dim and lse is (nheads, total_q).
   std::optional<VarlenArgs> varlen;
+  // Set: a call over a KV cache (k and v are the caches); see KvcacheArgs.
+  std::optional<KvcacheArgs> kvcache;
 
   // The options at once, in the order every binding receives them.
   void set_options(double scale, bool is_causal, int64_t left, int64_t right, double cap) {
@@ -73,6 +92,11 @@ struct FwdPlan {
   KernelKey kernel{};  // the kernel that runs it
   FwdParams params{};
   bool empty = true;  // batch or seqlen_q is 0: nothing to launch
+  // A KV-cache call: the append that runs before the attention, and the float32 workspace its
+  // split-KV partials need (0: none); params.o_accum / lse_accum point into it.
+  bool append = false;
+  AppendKvParams append_params{};
+  int64_t workspace_floats = 0;
 };
 
 namespace detail {
@@ -257,6 +281,10 @@ Ref with_unit_batch(const Ref& t) {
 inline Status plan_fwd(const FwdArgs& a, FwdPlan& plan);
 
 namespace detail {
+inline Status plan_fwd_kvcache(const FwdArgs& a, FwdPlan& plan);  // host/validate_kvcache.hpp
+}
+
+namespace detail {
 
 // plan_fwd of a variable-length batch: its own arrays and ranks checked here, everything else by
 // the fixed-length rules on a batch-1 view of the packed arrays, whose plan then learns the
@@ -336,7 +364,11 @@ inline Status plan_fwd_varlen(const FwdArgs& a, FwdPlan& plan) {
 // first failure is returned.
 inline Status plan_fwd(const FwdArgs& a, FwdPlan& plan) {
   using namespace detail;
+  if (a.varlen && a.kvcache)
+    return Status::invalid_argument("cu_seqlens_q", "no variable-length batch with a KV cache", "cu_seqlens_q",
+                                    "cu_seqlens_q: a KV-cache call takes a fixed-length batch");
   if (a.varlen) return plan_fwd_varlen(a, plan);
+  if (a.kvcache) return plan_fwd_kvcache(a, plan);
   const TensorRef &q = a.q, &k = a.k, &v = a.v, &out = a.out;
 
   // 1. Ranks and dtypes.
@@ -487,3 +519,5 @@ inline Status plan_fwd(const FwdArgs& a, FwdPlan& plan) {
 }
 
 }  // namespace flashcute
+
+#include "flashcute/host/validate_kvcache.hpp"  // detail::plan_fwd_kvcache

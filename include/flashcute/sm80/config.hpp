@@ -28,13 +28,17 @@ struct FwdConfig {
   // no mask code (and no branch for it), instead of one loop whose every step checks. A second
   // copy of the loop body: +1-2% where registers allow it (perf-notes v14).
   bool mask_split = false;
+  // The KV-cache kernel (Direction::kSplitkv): a CTA takes its key blocks from one of
+  // params.num_splits ranges and writes float32 partials when there are several; K and V may be
+  // paged; each batch entry's key count comes from params.cache_seqlens.
+  bool split_kv = false;
 
   constexpr int num_threads() const { return num_warps * 32; }
   // Shared memory row atom: 64 halves (128 B) when the head dim allows, else 32 (64 B).
   constexpr int smem_atom_cols() const { return head_dim % 64 == 0 ? 64 : 32; }
-  // Bytes of dynamic shared memory: Q tile, plus one K and one V tile.
+  // Bytes of dynamic shared memory: Q tile, plus one K and one V tile (the KV-cache kernel: two K).
   constexpr int smem_bytes(int element_bytes = 2) const {
-    return (block_m + 2 * block_n) * head_dim * element_bytes;
+    return (block_m + (split_kv ? 3 : 2) * block_n) * head_dim * element_bytes;
   }
 };
 
@@ -68,6 +72,24 @@ constexpr FwdConfig default_fwd_config(int head_dim) {
     case 256: return {.head_dim = 256, .block_m = 64, .block_n = 64, .num_warps = 4, .mask_split = true};
     default: return {.head_dim = 0, .block_m = 0, .block_n = 0, .num_warps = 0};
   }
+}
+
+// The KV-cache (split-KV) kernels' tile table. Decoding has few query rows per (batch, KV
+// head), so the tiles are short in M (64 rows, 16 per warp) and long in N: each CTA streams
+// more key bytes per unit of tensor-core work, and has more of them in flight. Two CTAs fit an
+// SM up to head dim 192 (shared memory: Q, two K buffers and V).
+constexpr FwdConfig default_splitkv_config(int head_dim) {
+  FwdConfig cfg = default_fwd_config(head_dim);
+  if (cfg.head_dim == 0) return cfg;
+  cfg.block_m = 64;
+  cfg.block_n = head_dim <= 64 ? 256 : (head_dim <= 128 ? 128 : 64);
+  cfg.num_warps = 4;
+  cfg.min_ctas_per_sm = 1;
+  cfg.branch_free_refill = false;
+  cfg.q_in_regs = false;
+  cfg.mask_split = false;
+  cfg.split_kv = true;
+  return cfg;
 }
 
 }  // namespace flashcute::sm80

@@ -34,6 +34,30 @@ CUTE_DEVICE void load_tile(TiledCopy const& tiled_copy, SrcTensor const& src, Ds
   }
 }
 
+// load_tile for a tile whose rows are not evenly spaced in memory (a paged KV cache). src is the
+// partition of the tile as if its rows were contiguous from the page-free base; row_shift(m, r)
+// gives, for the thread's m-th row (tile row r), the element offset to add to that address to
+// reach the row's real place. Called once per row, only for the rows that are loaded.
+template <bool kCheckRows, class TiledCopy, class SrcTensor, class DstTensor, class CoordTensor, class RowShift>
+CUTE_DEVICE void load_tile_gather(TiledCopy const& tiled_copy, SrcTensor const& src, DstTensor&& dst,
+                                  CoordTensor const& coord, RowShift const& row_shift, int max_rows, int max_cols) {
+  CUTE_STATIC_ASSERT_V(cute::rank(src) == cute::Int<3>{});
+  CUTE_STATIC_ASSERT_V(cute::size<1>(src) == cute::size<1>(dst));
+  CUTE_STATIC_ASSERT_V(cute::size<2>(src) == cute::size<2>(dst));
+  CUTE_UNROLL
+  for (int m = 0; m < cute::size<1>(src); ++m) {
+    const int row = cute::get<0>(coord(0, m, 0));
+    const bool row_ok = !kCheckRows || row < max_rows;
+    const int64_t shift = row_ok ? row_shift(m, row) : 0;  // a row past the end is never looked up
+    CUTE_UNROLL
+    for (int k = 0; k < cute::size<2>(src); ++k) {
+      const bool ok = row_ok && cute::get<1>(coord(0, m, k)) < max_cols;
+      auto chunk = src(cute::_, m, k);
+      cute::copy(tiled_copy.with(ok), cute::make_tensor(chunk.data() + shift, chunk.layout()), dst(cute::_, m, k));
+    }
+  }
+}
+
 // Registers -> global, only the valid rows and columns.
 template <class TiledCopy, class SrcTensor, class DstTensor, class CoordTensor>
 CUTE_DEVICE void store_tile(TiledCopy const& tiled_copy, SrcTensor const& src, DstTensor&& dst, CoordTensor const& coord,

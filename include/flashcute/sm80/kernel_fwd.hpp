@@ -42,8 +42,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
 
   extern __shared__ __align__(128) char smem_buf[];
 
-  // Heaviest causal tiles (largest m_block) go first, so the light ones fill the tail.
-  const int m_block = int(gridDim.x) - 1 - int(blockIdx.x);
+  // Heaviest causal tiles (largest m_block) go first, so the light ones fill the tail. The
+  // KV-cache kernel's x is (split, m_block), splits outermost.
+  const int m_blocks = Traits::kSplitKv ? int(gridDim.x) / params.num_splits : int(gridDim.x);
+  const int split = Traits::kSplitKv ? int(blockIdx.x) / m_blocks : 0;
+  const int m_block = m_blocks - 1 - (Traits::kSplitKv ? int(blockIdx.x) % m_blocks : int(blockIdx.x));
   const int head = blockIdx.y;
   const int batch = blockIdx.z;
   const int head_k = head / (params.nheads / params.nheads_k);
@@ -57,8 +60,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
   const KeyMask mask{seq.seqlen_k, seq.seqlen_k - seq.seqlen_q, params.window_left, params.window_right};
   const int key_lo = max(0, mask.key_begin(m0));
   const int key_hi = mask.key_end(min(m0 + kBlockM, seq.seqlen_q) - 1);
-  const int n_block_min = key_lo / kBlockN;
-  const int n_block_max = key_hi > key_lo ? ceil_div(key_hi, kBlockN) : n_block_min;  // empty: O = 0, lse = -inf
+  int n_block_min = key_lo / kBlockN;
+  int n_block_max = key_hi > key_lo ? ceil_div(key_hi, kBlockN) : n_block_min;  // empty: O = 0, lse = -inf
+  if constexpr (Traits::kSplitKv) {  // this split's share of the visible blocks (may be none)
+    const int per_split = ceil_div(n_block_max - n_block_min, params.num_splits);
+    const int first = n_block_min + split * per_split;
+    n_block_max = min(n_block_max, first + per_split);
+    n_block_min = min(first, n_block_max);
+  }
 
   // Global memory, int64 offsets throughout.
   auto* q_ptr = static_cast<Element const*>(params.q) + seq.q_offset + head * params.q_head_stride;
@@ -83,6 +92,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
   Tensor sK = make_tensor(sQ.data() + size(sQ), typename Traits::SmemLayoutKV{});                                // (BLK_N,D)
   Tensor sV = make_tensor(sK.data() + size(sK), typename Traits::SmemLayoutKV{});                                // (BLK_N,D)
   Tensor sVt = make_tensor(sV.data(), typename Traits::SmemLayoutVt{});                                          // (D,BLK_N)
+  // The KV-cache kernel double-buffers K (its second buffer follows V): K[n-1] streams in beside
+  // V[n], so a CTA has two tiles in flight, not one. Decode is memory-bound; a CTA that waits on
+  // one tile at a time leaves bandwidth unused (perf-notes v22). Block n uses buffer n % 2.
+  constexpr int kKStages = Traits::kSplitKv ? 2 : 1;
+  const int64_t k_stage_elems = 2 * int64_t(size(sK));  // from K's first buffer to its second
+  auto k_stage = [&](int n_block) { return kKStages == 1 ? 0 : (n_block & 1); };
+  auto at_k_stage = [&](auto const& t, int stage) { return make_tensor(t.data() + stage * k_stage_elems, t.layout()); };
   Tensor sO = make_tensor(sQ.data(), typename Traits::SmemLayoutO{});                                            // (BLK_M,D)
 
   // Global -> shared: cp.async partitions, plus (row, col) coordinates for predication.
@@ -98,6 +114,45 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
   Tensor cKV = make_identity_tensor(TileKV{});  // (BLK_N,D) -> (row,col)
   Tensor tQcQ = gmem_thr_copy.partition_S(cQ);     // (CPY,CPY_M,CPY_K)
   Tensor tKVcKV = gmem_thr_copy.partition_S(cKV);  // (CPY,CPY_N,CPY_K)
+
+  // K and V block loads. A paged cache (KV-cache kernel only) gathers each row from its page:
+  // row r of block n is key n * kBlockN + r, at its page's offset instead of r * row_stride. A K
+  // load looks the pages of its rows up in the block table; the V load of the same block, which
+  // always comes next (V[n] is issued before K[n-1]), reuses them from row_page.
+  const bool paged = Traits::kSplitKv && params.block_table != nullptr;
+  const PagedKv pages(params, batch);  // read only when paged
+  int row_page[decltype(size<1>(tKVcKV))::value];  // the page of each row this thread loads
+  auto load_kv = [&](auto& tXgX, auto& tXsX, int n_block, auto check_rows_tag, int max_rows, int64_t page_stride,
+                     int64_t row_stride, auto lookup_tag) FLASHCUTE_INLINE {
+    constexpr bool kCheckRows = decltype(check_rows_tag)::value;
+    if constexpr (Traits::kSplitKv) {
+      if (paged) {
+        auto row_shift = [&](int m, int r) {
+          const int key = n_block * kBlockN + r;
+          if constexpr (decltype(lookup_tag)::value) row_page[m] = pages.page_of(key);
+          return pages.offset(row_page[m], key, page_stride, row_stride) - r * row_stride;
+        };
+        load_tile_gather<kCheckRows>(gmem_tiled_copy, tXgX(_, _, _, 0), tXsX, tKVcKV, row_shift, max_rows,
+                                     params.head_dim);
+        return;
+      }
+    }
+    load_tile<kCheckRows>(gmem_tiled_copy, tXgX(_, _, _, n_block), tXsX, tKVcKV, max_rows, params.head_dim);
+  };
+  auto load_k = [&](int n_block, auto check_rows_tag, int max_rows) FLASHCUTE_INLINE {
+    constexpr std::true_type kLookup{};
+    if constexpr (kKStages == 1) {
+      load_kv(tKgK, tKsK, n_block, check_rows_tag, max_rows, params.k_batch_stride, params.k_row_stride, kLookup);
+    } else {
+      auto tKsK_stage = at_k_stage(tKsK, k_stage(n_block));
+      load_kv(tKgK, tKsK_stage, n_block, check_rows_tag, max_rows, params.k_batch_stride, params.k_row_stride,
+              kLookup);
+    }
+  };
+  auto load_v = [&](int n_block, auto check_rows_tag, int max_rows) FLASHCUTE_INLINE {
+    load_kv(tVgV, tVsV, n_block, check_rows_tag, max_rows, params.v_batch_stride, params.v_row_stride,
+            std::false_type{});
+  };
 
   // Tensor cores: register fragments and the ldmatrix views that fill them.
   typename Traits::TiledMma tiled_mma;
@@ -132,7 +187,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
   if constexpr (Traits::kQInRegs) cp_async_fence();  // Q in a group of its own
   if (n_block_max > n_block_min) {
     const int n0 = (n_block_max - 1) * kBlockN;
-    load_tile<true>(gmem_tiled_copy, tKgK(_, _, _, n_block_max - 1), tKsK, tKVcKV, seq.seqlen_k - n0, params.head_dim);
+    load_k(n_block_max - 1, std::true_type{}, seq.seqlen_k - n0);
   }
   cp_async_fence();
   if constexpr (Traits::kQInRegs) {
@@ -162,14 +217,24 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
     __syncthreads();
     // Only the last block is ragged; Traits::kBranchFreeRefill row-predicates every block instead.
     if (Traits::kBranchFreeRefill || n0 + kBlockN > seq.seqlen_k) {
-      load_tile<true>(gmem_tiled_copy, tVgV(_, _, _, n_block), tVsV, tKVcKV, seq.seqlen_k - n0, params.head_dim);
+      load_v(n_block, std::true_type{}, seq.seqlen_k - n0);
     } else {
-      load_tile<false>(gmem_tiled_copy, tVgV(_, _, _, n_block), tVsV, tKVcKV, kBlockN, params.head_dim);
+      load_v(n_block, std::false_type{}, kBlockN);
     }
     cp_async_fence();
+    if constexpr (kKStages == 2) {
+      // The next block's keys, into the other buffer (the previous step's Q K^T read it and every
+      // warp has passed the barrier since). A group of its own: the softmax waits only for V.
+      if (n_block > n_block_min) load_k(n_block - 1, std::false_type{}, kBlockN);
+      cp_async_fence();
+    }
 
     // S = Q K^T
-    if constexpr (Traits::kQInRegs) {
+    if constexpr (kKStages == 2) {
+      static_assert(!Traits::kQInRegs);
+      gemm_ss(tiled_mma, acc_s, tSrQ, tSrK, tSsQ, at_k_stage(tSsK, k_stage(n_block)), tSrQ_view, tSrK_view,
+              smem_copy_q, smem_copy_k);
+    } else if constexpr (Traits::kQInRegs) {
       gemm_rs(tiled_mma, acc_s, tSrQ, tSrK, tSsK, tSrK_view, smem_copy_k);
     } else {
       gemm_ss(tiled_mma, acc_s, tSrQ, tSrK, tSsQ, tSsK, tSrQ_view, tSrK_view, smem_copy_q, smem_copy_k);
@@ -183,19 +248,26 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
       if (mask.tile_needs_mask(m0, kBlockM, n0, kBlockN)) mask.apply(scores, tScS, m0, n0);
     }
 
-    cp_async_wait<0>();
-    // V[n_block] has landed for every thread; and every warp has finished Q K^T, so
-    // sK is free for the next block's keys.
-    __syncthreads();
-    // The next block's keys (never ragged: only the last block is, and it was loaded first).
-    if constexpr (Traits::kBranchFreeRefill) {
-      // After the final block this loads zero rows; nothing reads sK after that.
-      load_tile<true>(gmem_tiled_copy, tKgK(_, _, _, max(n_block - 1, 0)), tKsK, tKVcKV,
-                      n_block > n_block_min ? kBlockN : 0, params.head_dim);
-    } else if (n_block > n_block_min) {
-      load_tile<false>(gmem_tiled_copy, tKgK(_, _, _, n_block - 1), tKsK, tKVcKV, kBlockN, params.head_dim);
+    if constexpr (kKStages == 2) {
+      cp_async_wait<1>();
+      // V[n_block] has landed for every thread (the next keys may still be in flight).
+      __syncthreads();
+    } else {
+      cp_async_wait<0>();
+      // V[n_block] has landed for every thread; and every warp has finished Q K^T, so
+      // sK is free for the next block's keys.
+      __syncthreads();
     }
-    cp_async_fence();
+    if constexpr (kKStages == 1) {
+      // The next block's keys (never ragged: only the last block is, and it was loaded first).
+      if constexpr (Traits::kBranchFreeRefill) {
+        // After the final block this loads zero rows; nothing reads sK after that.
+        load_k(max(n_block - 1, 0), std::true_type{}, n_block > n_block_min ? kBlockN : 0);
+      } else if (n_block > n_block_min) {
+        load_k(n_block - 1, std::false_type{}, kBlockN);
+      }
+      cp_async_fence();
+    }
 
     // P = exp(S - max), O = O * rescale + P V
     softmax.update(scores, acc_o_rc);
@@ -223,6 +295,30 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
   // Epilogue: normalise, stage O through shared memory, store 16 B per thread.
   float lse[decltype(size<0>(acc_o_rc))::value];
   softmax.finalize(acc_o_rc, lse);
+
+  if constexpr (Traits::kSplitKv) {
+    if (params.num_splits > 1) {
+      // A partial: this split's normalised O and its lse, in float32, straight from the
+      // accumulators (decode tiles are a few rows: no staging). The combine kernel reads them.
+      const int64_t row0 = ((int64_t(split) * params.batch + batch) * params.nheads + head) * params.seqlen_q;
+      float* oacc_ptr = params.o_accum + row0 * params.head_dim;
+      Tensor tOcO_mma = rowcol_view(thr_mma.partition_C(cQ));  // ((2,MMA_M),(2,MMA_D)) -> (row,col)
+      CUTE_UNROLL
+      for (int i = 0; i < size<0>(acc_o_rc); ++i) {
+        const int row = m0 + get<0>(tOcO_mma(i, 0));
+        if (row >= seq.seqlen_q) continue;
+        CUTE_UNROLL
+        for (int j = 0; j < size<1>(acc_o_rc); j += 2) {  // (j, j + 1): adjacent columns
+          const int col = get<1>(tOcO_mma(i, j));
+          if (col < params.head_dim)
+            *reinterpret_cast<float2*>(oacc_ptr + int64_t(row) * params.head_dim + col) =
+                make_float2(acc_o_rc(i, j), acc_o_rc(i, j + 1));
+        }
+        if (get<1>(tOcO_mma(0, 0)) == 0) params.lse_accum[row0 + row] = lse[i];  // one thread per row
+      }
+      return;
+    }
+  }
   Tensor rO = convert_fragment<Element>(acc_o);  // (MMA,MMA_M,MMA_D)
 
   auto smem_copy_o = make_tiled_copy_C(typename Traits::SmemCopyAtomO{}, tiled_mma);

@@ -43,7 +43,8 @@ Status launch_fwd_with(const FwdParams& params, cudaStream_t stream) {
   constexpr int kSmem = Traits::kSmemBytes;
   constexpr auto kernel = &fwd_kernel<Traits>;
   if (Status st = allow_smem<kernel>(kSmem); !st.ok()) return st;
-  const dim3 grid((params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM, params.nheads, params.batch);
+  const int m_blocks = (params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
+  const dim3 grid(m_blocks * (Traits::kSplitKv ? params.num_splits : 1), params.nheads, params.batch);
   kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(params);
   FLASHCUTE_CUDA_CHECK(cudaGetLastError());
   return Status::success();
