@@ -19,7 +19,9 @@
 #   OUT                where logs and results go (the device machine sets it; default build/device-out)
 #   FC_ARCHS           FLASHCUTE_CUDA_ARCHS, e.g. 80,90 (default 90)
 #   FC_HEAD_DIMS       FLASHCUTE_HEAD_DIMS, e.g. 64,128 (default all: the CMake default)
+#   FC_DTYPES          FLASHCUTE_DTYPES, e.g. bf16 (default: the CMake default, both)
 #   FC_BENCH_ARGS      arguments for the bench CLI, e.g. "--quick" (default none: the full FA grid)
+#   FC_PYTEST_ARGS     what pytest runs (default tests/python), e.g. "tests/python/test_kvcache_torch.py -x"
 #   FC_SANITIZE_TOOLS  compute-sanitizer tools (default "memcheck racecheck"; initcheck, synccheck too)
 #   FC_SKIP_INSTALL=1  reuse what a previous call on this (still warm) machine installed
 #
@@ -76,6 +78,7 @@ install_flashcute() {
     -C cmake.define.FLASHCUTE_BUILD_TESTS=ON -C "cmake.define.FLASHCUTE_CUDA_ARCHS=$archs"
     -C "cmake.define.FLASHCUTE_PTXAS_VERBOSE=$ptxas_verbose")
   [[ "$dims" != all ]] && args+=(-C "cmake.define.FLASHCUTE_HEAD_DIMS=$dims")
+  [[ -n "${FC_DTYPES:-}" ]] && args+=(-C "cmake.define.FLASHCUTE_DTYPES=$FC_DTYPES")
   local gtest_dir="$PWD/.deps/gtest/usr/lib/x86_64-linux-gnu/cmake/GTest"
   [[ -d "$gtest_dir" ]] && args+=(-C "cmake.define.GTest_DIR=$gtest_dir")
   echo "+ python3 ${args[*]}"
@@ -93,7 +96,9 @@ stage_ctest() {
 
 stage_pytest() {
   banner "pytest"
-  python3 -m pytest tests/python -rs --junitxml="$OUT/pytest.xml" 2>&1 | tee "$OUT/pytest.log"
+  local targets=()
+  read -r -a targets <<< "${FC_PYTEST_ARGS:-tests/python}"
+  python3 -m pytest "${targets[@]}" -rs --junitxml="$OUT/pytest.xml" 2>&1 | tee "$OUT/pytest.log"
   record pytest "${PIPESTATUS[0]}"
 }
 
@@ -102,7 +107,7 @@ stage_sanitize() {
   cs="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
   for tool in ${FC_SANITIZE_TOOLS:-memcheck racecheck}; do
     banner "compute-sanitizer --tool $tool"
-    "$cs" --tool "$tool" --error-exitcode 1 python3 scripts/sanitize.py --backward 2>&1 | tee "$OUT/sanitize-$tool.log"
+    "$cs" --tool "$tool" --error-exitcode 1 python3 scripts/sanitize.py --backward --kvcache 2>&1 | tee "$OUT/sanitize-$tool.log"
     record "$tool" "${PIPESTATUS[0]}"
   done
 }

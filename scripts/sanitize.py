@@ -8,7 +8,9 @@ The cases cover the edges a kernel gets wrong: ragged seqlens (17, 113, 257: par
 last tiles), seqlen_q > seqlen_k with causal (query rows that see no key), several key blocks with
 a ragged tail, GQA 4:1 and MQA, a sliding window, softcap, head dims that pad up to a kernel head
 dim (72 -> 96), every kernel head dim, a strided packed-qkv view and a caller-provided `out`, each
-in bf16 and fp16. Sizes are tiny so that racecheck finishes in seconds.
+in bf16 and fp16. Sizes are tiny so that racecheck finishes in seconds. --kvcache adds
+flash_attn_with_kvcache calls: paged caches with shuffled pages and an append, split-KV (automatic
+and forced), a contiguous MQA cache, and out-of-range page numbers and cache lengths.
 
 The only GPU kernels this process launches are flashcute's: inputs are made on the CPU and copied
 in, and the checks run on the CPU after one synchronisation at the end. So every sanitizer report
@@ -143,6 +145,83 @@ def check_backward(case: Case, inputs: tuple[torch.Tensor, ...], out: torch.Tens
     return result.ok, ("grads " + result.summary()) if result.ok else result.message
 
 
+@dataclass(frozen=True)
+class KvCase:
+    """A flash_attn_with_kvcache call: b sequences, sq new queries (and as many appended keys when
+    append), a cache of `capacity` keys a sequence, paged when page > 0."""
+
+    name: str
+    batch: int
+    seqlen_q: int
+    nheads: int
+    nheads_k: int
+    headdim: int
+    capacity: int
+    page: int = 0
+    append: bool = True
+    causal: bool = False
+    num_splits: int = 0
+    garbage: bool = False  # out-of-range pages and cache lengths: only the sanitizer's verdict counts
+
+    def describe(self) -> str:
+        return (f"b{self.batch} sq{self.seqlen_q} h{self.nheads}/{self.nheads_k} d{self.headdim} cap{self.capacity} "
+                + (f"page{self.page}" if self.page else "contiguous") + (" append" if self.append else "")
+                + (" causal" if self.causal else "") + f" splits={self.num_splits}")
+
+
+KV_CASES: tuple[KvCase, ...] = (
+    KvCase("kv-paged16-append", 2, 1, 8, 2, 128, 160, page=16),
+    KvCase("kv-paged64-multi-causal", 2, 4, 4, 4, 64, 256, page=64, causal=True, num_splits=3),
+    KvCase("kv-contig-mqa", 3, 1, 4, 1, 128, 300, append=False),
+    KvCase("kv-paged32-garbage", 2, 1, 4, 2, 64, 128, page=32, garbage=True),
+)
+
+
+def run_kvcache(case: KvCase, dtype: torch.dtype, seed: int) -> tuple[bool, str]:
+    """One KV-cache call (inputs made on the CPU), checked per sequence on the CPU."""
+    gen = torch.Generator().manual_seed(seed)
+    b, d, hk = case.batch, case.headdim, case.nheads_k
+    if case.page:
+        per_seq = case.capacity // case.page
+        num_pages = b * per_seq + 2
+        table = torch.randperm(num_pages, generator=gen)[: b * per_seq].view(b, per_seq).to(torch.int32)
+        shape = (num_pages, case.page, hk, d)
+    else:
+        table, shape = None, (b, case.capacity, hk, d)
+    kc, vc = (torch.randn(shape, generator=gen).to(dtype) for _ in range(2))
+    q = torch.randn(b, case.seqlen_q, case.nheads, d, generator=gen).to(dtype)
+    new = case.seqlen_q if case.append else 0
+    kn, vn = (torch.randn(b, new, hk, d, generator=gen).to(dtype) for _ in range(2)) if new else (None, None)
+    lens = [int(x) for x in torch.randint(0, case.capacity - new + 1, (b,), generator=gen)]
+    if case.garbage:
+        table[0, 0], table[-1, -1] = -3, 1 << 30
+        lens = [-7, 1 << 30][:b]
+    dev = [None if x is None else x.to(DEVICE) for x in (q, kc, vc, kn, vn, table)]
+    seqlens = torch.tensor(lens, dtype=torch.int32).to(DEVICE)
+    out, lse = flashcute.flash_attn_with_kvcache(dev[0], dev[1], dev[2], dev[3], dev[4], cache_seqlens=seqlens,
+                                                 block_table=dev[5], causal=case.causal, num_splits=case.num_splits,
+                                                 return_lse=True)
+    torch.cuda.synchronize()
+    if case.garbage:
+        return bool(torch.isfinite(out).all()), "ran with out-of-range pages and lengths; out finite"
+    kc2, vc2 = dev[1].cpu(), dev[2].cpu()
+    if case.page:  # each sequence's keys in order, through its pages
+        logical = (kc2[table.long()].reshape(b, -1, hk, d), vc2[table.long()].reshape(b, -1, hk, d))
+    else:
+        logical = (kc2, vc2)
+    notes = []
+    for i in range(b):
+        keys = lens[i] + new
+        if new and not (torch.equal(logical[0][i, lens[i]:keys], kn[i]) and torch.equal(logical[1][i, lens[i]:keys], vn[i])):
+            return False, f"sequence {i}: the appended rows differ from k, v"
+        r = check_attention(out[i:i + 1].cpu(), q[i:i + 1], logical[0][i:i + 1, :keys], logical[1][i:i + 1, :keys],
+                            lse=lse[i:i + 1].cpu(), causal=case.causal)
+        if not r.ok:
+            return False, f"sequence {i}: {r.message}"
+        notes.append(r.summary())
+    return True, "; ".join(notes[:1])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dtypes", default="bf16,fp16", help="comma-separated: bf16, fp16 (default both)")
@@ -151,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="list the cases and exit")
     parser.add_argument("--backward", action="store_true",
                         help="also run flash_attn_bwd on every case and check dq, dk, dv")
+    parser.add_argument("--kvcache", action="store_true",
+                        help="also run flash_attn_with_kvcache cases (paged, append, split-KV, garbage indices)")
     args = parser.parse_args(argv)
     cases = [c for c in CASES if args.only in c.name]
     if args.list:
@@ -193,6 +274,19 @@ def main(argv: list[str] | None = None) -> int:
             failed.append((case, dname, note))
         else:
             print(f"PASS {dname} {case.name:22s} {case.describe()}: {note}", flush=True)
+    if args.kvcache:
+        for ci, kv_case in enumerate(c for c in KV_CASES if args.only in c.name):
+            for dname in dtypes:
+                try:
+                    ok, note = run_kvcache(kv_case, DTYPES[dname], seed=100 + ci)
+                except NotImplementedError as exc:
+                    skipped.append((kv_case, dname, f"NotImplementedError: {exc}"))
+                    continue
+                passed += ok
+                if ok:
+                    print(f"PASS {dname} {kv_case.name:22s} {note}", flush=True)
+                else:
+                    failed.append((kv_case, dname, note))
     for case, dname, note in skipped:
         print(f"SKIP {dname} {case.name:22s} {case.describe()}: {note}", flush=True)
     for case, dname, note in failed:

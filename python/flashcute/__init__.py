@@ -24,7 +24,8 @@ except ImportError as e:  # pragma: no cover - only for broken installs / source
         f"({e}). Install the package (pip install .) rather than importing it from the source tree."
     ) from e
 
-from .flash_attn_interface import flash_attn_bwd, flash_attn_func, flash_attn_varlen_func, merge_attn_states
+from .flash_attn_interface import (flash_attn_bwd, flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache,
+                                   merge_attn_states)
 
 if __import__("sys").modules.get("torch") is not None:  # torch is there: register torch.ops.flashcute.* now
     from . import _torch  # noqa: F401  (otherwise the first call with a torch tensor registers it)
@@ -34,6 +35,7 @@ __version__: str = _C.__version__  # not in the generated _C.pyi: nanobind's stu
 __all__ = [
     "flash_attn_func",
     "flash_attn_varlen_func",
+    "flash_attn_with_kvcache",
     "flash_attn_bwd",
     "merge_attn_states",
     "__version__",

@@ -78,3 +78,22 @@ def run_merge(out_a, lse_a, out_b, lse_b, out, stream):
             lse = cupy.empty(lse_a.shape, dtype=cupy.float32)
     _C.merge(*(_export(a) for a in (out_a, lse_a, out_b, lse_b, out, lse)), handle)
     return out, lse
+
+
+def run_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, out, want_lse, stream, args, num_splits):
+    """flash_attn_with_kvcache: (out, lse or None), out allocated like q unless given; the split-KV
+    workspace from CuPy's pool, under the launch stream."""
+    cupy = sys.modules["cupy"]
+    with cupy.cuda.Device(q.device.id):
+        handle, alloc_ctx = launch_context(q.device.id, stream)
+        with alloc_ctx:
+            out = cupy.empty(q.shape, dtype=q.dtype) if out is None else out
+            b, sq, h, _ = q.shape
+            lse = cupy.empty((b, h, sq), dtype=cupy.float32) if want_lse else None
+
+            def alloc(n):
+                return _export(cupy.empty((n,), dtype=cupy.float32))  # the capsule keeps the array alive
+
+            _C.fwd_kvcache(*(_export(a) for a in (q, k_cache, v_cache, out, lse, k, v, cache_seqlens, block_table)),
+                           alloc, *args, num_splits, handle)
+    return out, lse

@@ -455,3 +455,90 @@ def merge_attn_states(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor
         lse = lse_a.new_empty(lse_a.shape)
         _merge_launch(out_a, lse_a, out_b, lse_b, out, lse, index, handle, check)
     return out, lse
+
+
+# ---------------------------------------------------------------------------------------- KV cache
+
+# flash_attn_with_kvcache: attention over a KV cache, contiguous or paged, after writing the new
+# keys and values (k, v) into it in place, so the caches are mutated arguments. cache_seqlens and
+# block_table stay on the device (a decode step can be captured in a CUDA graph). The split-KV
+# workspace is allocated inside the op, with torch, on the launch stream.
+_lib.define(
+    "fwd_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k, Tensor? v, Tensor? cache_seqlens, "
+    "Tensor? block_table, float softmax_scale, bool causal, SymInt window_left, SymInt window_right, "
+    "float softcap, int num_splits) -> (Tensor, Tensor)"
+)
+
+
+def _kvcache_launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor], v: Optional[Tensor],
+                    cache_seqlens: Optional[Tensor], block_table: Optional[Tensor], out: Tensor, lse: Optional[Tensor],
+                    args: tuple, num_splits: int, index: int, stream: int, check_stream_device: bool) -> int:
+    keep = []  # the workspace lives until the launch is made; the allocator orders its reuse after it
+
+    def alloc(n: int) -> tuple:
+        keep.append(q.new_empty((n,), dtype=torch.float32))
+        return _desc(keep[-1])
+
+    def opt(t: Optional[Tensor]) -> Optional[tuple]:
+        return None if t is None else _desc(t)
+
+    return _C.fwd_kvcache_raw(_desc(q), _desc(k_cache), _desc(v_cache), _desc(out), opt(lse), opt(k), opt(v),
+                              opt(cache_seqlens), opt(block_table), alloc, *args, num_splits, index, stream,
+                              check_stream_device)
+
+
+def _kvcache_index(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor], v: Optional[Tensor],
+                   cache_seqlens: Optional[Tensor], block_table: Optional[Tensor], out: Optional[Tensor]) -> int:
+    return _device_index(("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v),
+                         ("cache_seqlens", cache_seqlens), ("block_table", block_table), ("out", out))
+
+
+def _fwd_kvcache_cuda(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor], v: Optional[Tensor],
+                      cache_seqlens: Optional[Tensor], block_table: Optional[Tensor], softmax_scale: float,
+                      causal: bool, window_left: int, window_right: int, softcap: float,
+                      num_splits: int) -> Tuple[Tensor, Tensor]:
+    """flashcute::fwd_kvcache: (out, lse) over the cache, after appending k, v; current stream."""
+    index = _kvcache_index(q, k_cache, v_cache, k, v, cache_seqlens, block_table, None)
+    out = q.new_empty(q.shape)
+    lse = q.new_empty(_lse_shape(q), dtype=torch.float32)
+    _kvcache_launch(q, k_cache, v_cache, k, v, cache_seqlens, block_table, out, lse,
+                    (softmax_scale, causal, window_left, window_right, softcap), num_splits, index,
+                    _current_stream(index), False)
+    return out, lse
+
+
+_lib.impl("fwd_kvcache", _fwd_kvcache_cuda, "CUDA")
+
+
+@torch.library.register_fake("flashcute::fwd_kvcache", lib=_lib)
+def _fwd_kvcache_fake(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor], v: Optional[Tensor],
+                      cache_seqlens: Optional[Tensor], block_table: Optional[Tensor], softmax_scale: float,
+                      causal: bool, window_left: int, window_right: int, softcap: float,
+                      num_splits: int) -> Tuple[Tensor, Tensor]:
+    return q.new_empty(q.shape), q.new_empty(_lse_shape(q), dtype=torch.float32)
+
+
+_fwd_kvcache_op = torch.ops.flashcute.fwd_kvcache.default
+
+
+def flash_attn_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor], v: Optional[Tensor],
+                       cache_seqlens: Optional[Tensor], block_table: Optional[Tensor], out: Optional[Tensor],
+                       return_lse: bool, stream: Optional[int], args: tuple,
+                       num_splits: int) -> Tuple[Tensor, Optional[Tensor]]:
+    """flash_attn_with_kvcache's torch path: the op under tracing, a direct launch eagerly."""
+    if _may_be_traced(q, k_cache, v_cache, k, v, cache_seqlens, block_table, out):
+        if out is not None or stream is not None:
+            raise TypeError(
+                "out=, stream=: not supported under torch.compile, torch.export or other tracing (the traced op "
+                "allocates its output and runs on the current stream); call without them there"
+            )
+        o, lse = _fwd_kvcache_op(q, k_cache, v_cache, k, v, cache_seqlens, block_table, *args, num_splits)
+        return o, (lse if return_lse else None)
+    index = _kvcache_index(q, k_cache, v_cache, k, v, cache_seqlens, block_table, out)
+    handle, ctx, check = _launch_context(q.device, stream, _current_stream(index))
+    with ctx:
+        out = q.new_empty(q.shape) if out is None else out
+        lse = q.new_empty(_lse_shape(q), dtype=torch.float32) if return_lse else None
+        _kvcache_launch(q, k_cache, v_cache, k, v, cache_seqlens, block_table, out, lse, args, num_splits, index,
+                        handle, check)
+    return out, lse

@@ -11,6 +11,7 @@ through DLPack.
 
 from __future__ import annotations
 
+import numbers
 from typing import Any, Optional, Tuple, Union
 
 from ._args import (_CUPY, _DLPACK, _JAX, _TORCH, _as_bool, _as_int, _check_fa2_only, _check_cuda_array,
@@ -394,6 +395,130 @@ def flash_attn_varlen_func(
                         "convert the arrays")
     if return_attn_probs:
         return out, lse, None
+    return (out, lse) if want_lse else out
+
+
+# ---------------------------------------------------------------------------
+# flash_attn_with_kvcache
+# ---------------------------------------------------------------------------
+
+
+def flash_attn_with_kvcache(
+    q: Any,
+    k_cache: Any,
+    v_cache: Any,
+    k: Any = None,
+    v: Any = None,
+    rotary_cos: Any = None,
+    rotary_sin: Any = None,
+    cache_seqlens: Union[None, int, Any] = None,
+    cache_batch_idx: Any = None,
+    cache_leftpad: Any = None,
+    block_table: Any = None,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    rotary_interleaved: bool = True,
+    alibi_slopes: Any = None,
+    num_splits: int = 0,
+    return_softmax_lse: bool = False,
+    *,
+    return_lse: bool = False,
+    out: Any = None,
+    stream: Union[None, int, Any] = None,
+) -> Union[Any, Tuple[Any, Any]]:
+    """Attention over a KV cache, for incremental decoding (FlashAttention-2's
+    ``flash_attn_with_kvcache``, in its positional order).
+
+    If k and v are given, they are first written into k_cache and v_cache **in place**, at the
+    positions given by cache_seqlens; then q attends to the first ``cache_seqlens[b] + seqlen_new``
+    keys of each batch entry ``b``. With ``causal=True`` the mask is aligned to the bottom-right
+    corner (the last query sees every key), as in :func:`flash_attn_func`; the other options too.
+
+    The query heads of one KV head are processed together when seqlen_q is 1 and there is no
+    window, so each cached byte is read once per KV head. ``num_splits=0`` splits the keys of each
+    (batch entry, KV head) over several CTAs when the batch and the heads alone would leave SMs
+    idle, and merges the parts by their logsumexp.
+
+    Arguments:
+        q: (batch, seqlen_q, nheads, headdim), float16 or bfloat16.
+        k_cache, v_cache: (batch, seqlen_cache, nheads_k, headdim), or, with block_table, a paged
+            cache (num_blocks, page_size, nheads_k, headdim); page_size a power of two >= 16
+            (16, 32, 64, 128, 256, ...). Like q in dtype; the last dim contiguous.
+        k, v: optional new keys and values (batch, seqlen_new, nheads_k, headdim), appended at
+            ``cache_seqlens[b]``; they need cache_seqlens. New rows that would land past the cache's
+            capacity are dropped (the host cannot see cache_seqlens to refuse them).
+        cache_seqlens: int32 (batch,) array on q's device, or an int for every entry: the keys
+            already in each entry's cache. Never read on the host (CUDA-graph capturable). None:
+            the whole cache. Values are clamped into [0, capacity].
+        block_table: int32 (batch, max_num_blocks_per_seq) on q's device: page ``j`` of entry ``b`` is
+            ``k_cache[block_table[b, j]]``. Entries out of [0, num_blocks) are clamped into it, so
+            a wrong table gives wrong results but never a read or write outside the cache; they
+            are not checked, as that would need a host read.
+        softmax_scale, causal, window_size, softcap: as in :func:`flash_attn_func`.
+        num_splits: 0 chooses; 1 never splits; n > 1 splits the keys n ways (at most 128).
+        rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, alibi_slopes: FlashAttention-2
+            features not built yet: only None (NotImplementedError otherwise). rotary_interleaved
+            is then ignored.
+        return_softmax_lse, return_lse: also return the lse (batch, nheads, seqlen_q), float32.
+        out: optional preallocated output like q (eager only). stream: as in :func:`flash_attn_func`.
+
+    torch: the call is the custom op ``torch.ops.flashcute.fwd_kvcache`` (k_cache and v_cache
+    are its mutated arguments), traceable by ``torch.compile`` and capturable in a CUDA graph.
+    CuPy: eager. JAX arrays are immutable, and an in-place cache update has no JAX spelling here:
+    TypeError. Not differentiable.
+
+    Return:
+        out: (batch, seqlen_q, nheads, headdim), like q.
+        lse [if return_softmax_lse or return_lse]: float32 (batch, nheads, seqlen_q).
+    """
+    for name, value in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin), ("cache_batch_idx", cache_batch_idx),
+                        ("cache_leftpad", cache_leftpad)):
+        if value is not None:
+            raise NotImplementedError(f"{name}: not supported by flashcute's flash_attn_with_kvcache yet; pass None")
+    _check_fa2_only(0.0, alibi_slopes)
+    _as_bool("rotary_interleaved", rotary_interleaved)
+    want_lse = _as_bool("return_softmax_lse", return_softmax_lse) | _as_bool("return_lse", return_lse)
+    softmax_scale, causal, window_left, window_right, softcap = _parse_options(softmax_scale, causal, window_size,
+                                                                               softcap)
+    num_splits = _as_int("num_splits", num_splits)
+    if not 0 <= num_splits <= 128:
+        raise ValueError(f"num_splits: expected 0 (automatic) to 128, got {num_splits}")
+    stream = _parse_stream(stream)
+    fw = _one_framework(("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v),
+                        ("block_table", block_table), ("out", out), optional=("k", "v", "block_table", "out"))
+    if (k is None) != (v is None):
+        raise ValueError(f"{'v' if v is None else 'k'}: k and v (the new keys and values) must be given together")
+    args = _kernel_args(q, softmax_scale, causal, window_left, window_right, softcap)
+    if isinstance(cache_seqlens, bool):
+        raise TypeError("cache_seqlens: expected an int32 array or an int, got bool")
+    if fw == _TORCH:
+        import torch
+
+        from ._torch import flash_attn_kvcache
+
+        if isinstance(cache_seqlens, numbers.Integral):
+            cache_seqlens = torch.full((q.shape[0],), int(cache_seqlens), dtype=torch.int32, device=q.device)
+        elif cache_seqlens is not None:
+            _one_framework(("q", q), ("cache_seqlens", cache_seqlens))
+        out, lse = flash_attn_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, out, want_lse, stream,
+                                      args, num_splits)
+    elif fw == _CUPY:
+        import cupy
+
+        from . import _cupy
+
+        if isinstance(cache_seqlens, numbers.Integral):
+            with cupy.cuda.Device(q.device.id):
+                cache_seqlens = cupy.full((q.shape[0],), int(cache_seqlens), dtype=cupy.int32)
+        elif cache_seqlens is not None:
+            _one_framework(("q", q), ("cache_seqlens", cache_seqlens))
+        out, lse = _cupy.run_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, out, want_lse, stream,
+                                     args, num_splits)
+    else:
+        raise TypeError(f"q: flash_attn_with_kvcache updates the cache in place, which needs torch or CuPy arrays, "
+                        f"and q is a {_type_name(q)}")
     return (out, lse) if want_lse else out
 
 

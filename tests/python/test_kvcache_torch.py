@@ -1,0 +1,330 @@
+"""flash_attn_with_kvcache on the GPU: contiguous and paged caches (pages shuffled), with and
+without an in-place append, decode and multi-token queries, causal, window and softcap, GQA 1:1
+to 32:1, num_splits 1, chosen and forced; each batch entry checked against the float32 reference
+with FlashAttention's rule (flashcute.testing); outputs poisoned with NaN inside guards; the cache
+checked row by row after the append; cache_seqlens and block_table never read on the host (a
+decode step captured in a CUDA graph, replayed with new lengths) and never able to move a kernel
+outside the cache. The argument errors at the end need no GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Tuple
+
+import pytest
+
+import flashcute
+from flashcute.testing import check_attention
+
+
+@dataclass(frozen=True)
+class Case:
+    b: int
+    sq: int            # query rows (== seqlen_new when appending)
+    h: int
+    hk: int
+    d: int
+    capacity: int      # keys per sequence the cache holds
+    page: int = 0      # 0: contiguous; else the page size
+    new: int = 0       # keys appended
+    causal: bool = False
+    window: Tuple[int, int] = (-1, -1)
+    softcap: float = 0.0
+    num_splits: int = 0
+    seqlens: bool = True  # False: no cache_seqlens (the whole cache)
+
+    @property
+    def id(self) -> str:
+        s = f"b{self.b}-q{self.sq}-h{self.h}:{self.hk}-d{self.d}-cap{self.capacity}"
+        s += f"-page{self.page}" if self.page else "-contig"
+        s += f"-new{self.new}" if self.new else ""
+        s += "-causal" if self.causal else ""
+        s += f"-win{self.window[0]}_{self.window[1]}" if self.window != (-1, -1) else ""
+        s += f"-cap{self.softcap:g}" if self.softcap else ""
+        return s + f"-splits{self.num_splits}"
+
+    def options(self) -> dict:
+        return dict(causal=self.causal, window_size=self.window, softcap=self.softcap)
+
+
+CASES = [
+    Case(3, 1, 32, 8, 128, 1000, new=1, causal=True),                    # a decode step, GQA 4:1
+    Case(2, 1, 32, 1, 64, 4096, page=16, new=1),                         # 32:1, small pages, split
+    Case(3, 5, 8, 2, 128, 768, page=256, new=5, causal=True),            # several new tokens
+    Case(2, 1, 4, 4, 256, 640, page=64, window=(100, 0)),                # 1:1, a window, no append
+    Case(2, 17, 6, 2, 96, 300, num_splits=7, seqlens=False),             # forced splits, the whole cache
+    Case(3, 3, 2, 1, 40, 160, page=32, new=3, softcap=15.0, num_splits=1),  # padded head dim
+    Case(1, 1, 16, 2, 128, 20000, page=128, new=1, causal=True),         # long: many splits
+    Case(4, 1, 8, 8, 64, 113, new=1),                                    # 1:1, odd capacity
+]
+
+
+def _require_kvcache(dtype: str, d: int) -> None:
+    hd = flashcute.kernel_head_dim(d)
+    if dtype not in flashcute.compiled_dtypes() or hd == 0 or \
+            ("sm80", "splitkv", dtype, hd) not in flashcute.compiled_kernels():
+        pytest.skip(f"no KV-cache kernel for {dtype} / head dim {d} in this build (FLASHCUTE_KVCACHE, "
+                    "FLASHCUTE_DTYPES, FLASHCUTE_HEAD_DIMS)")
+
+
+class Cache:
+    """A KV cache, contiguous or paged with shuffled pages, inside a buffer whose guard pages
+    (before and after) hold a sentinel, and the logical (batch, capacity, hk, d) view of it."""
+
+    def __init__(self, torch, c: Case, dtype, g, guard: int = 2):
+        self.torch, self.c = torch, c
+        if c.page:
+            per_seq = -(-c.capacity // c.page)
+            self.num_pages = c.b * per_seq + 3  # spare pages nobody points at
+            shape = (self.num_pages + 2 * guard, c.page, c.hk, c.d)
+            perm = torch.randperm(self.num_pages, generator=g, device="cuda")[: c.b * per_seq]
+            self.block_table = perm.view(c.b, per_seq).to(torch.int32)
+        else:
+            shape = (c.b + 2 * guard, c.capacity, c.hk, c.d)
+            self.block_table = None
+        self.guard = guard
+        self.k_buf = torch.randn(shape, device="cuda", generator=g).to(dtype)
+        self.v_buf = torch.randn(shape, device="cuda", generator=g).to(dtype)
+        for buf in (self.k_buf, self.v_buf):
+            buf[:guard] = 7.0
+            buf[-guard:] = 7.0
+        self.k_cache = self.k_buf[guard:-guard]
+        self.v_cache = self.v_buf[guard:-guard]
+
+    def logical(self, cache):
+        """(batch, capacity, hk, d): each entry's keys in order."""
+        c = self.c
+        if self.block_table is None:
+            return cache.clone()
+        pages = cache[self.block_table.long()]  # (b, per_seq, page, hk, d)
+        return pages.reshape(c.b, -1, c.hk, c.d)[:, : c.capacity].clone()
+
+    def guards_intact(self) -> bool:
+        g = self.guard
+        return all(bool((buf[:g] == 7).all()) and bool((buf[-g:] == 7).all()) for buf in (self.k_buf, self.v_buf))
+
+
+def _run_case(torch, c: Case, dtype: str, seed: int, *, split_count: bool = False):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    dt = getattr(torch, dtype)
+    cache = Cache(torch, c, dt, g)
+    q = torch.randn(c.b, c.sq, c.h, c.d, device="cuda", generator=g).to(dt)
+    k_new = v_new = None
+    if c.new:
+        k_new = torch.randn(c.b, c.new, c.hk, c.d, device="cuda", generator=g).to(dt)
+        v_new = torch.randn(c.b, c.new, c.hk, c.d, device="cuda", generator=g).to(dt)
+    if not c.seqlens:
+        seqlens = None
+        lens = [c.capacity] * c.b
+    else:
+        lens = torch.randint(0, c.capacity - c.new + 1, (c.b,), generator=g, device="cuda").tolist()
+        lens[0] = c.capacity - c.new  # one full cache
+        seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    k_before, v_before = cache.logical(cache.k_cache), cache.logical(cache.v_cache)
+    guard = 3
+    buf = torch.full((c.b + 2 * guard, c.sq, c.h, c.d), float("nan"), dtype=dt, device="cuda")
+    out = buf[guard:guard + c.b]
+    res, lse = flashcute.flash_attn_with_kvcache(q, cache.k_cache, cache.v_cache, k_new, v_new,
+                                                 cache_seqlens=seqlens, block_table=cache.block_table,
+                                                 num_splits=c.num_splits, return_lse=True, out=out, **c.options())
+    torch.cuda.synchronize()
+    assert res is out and lse.shape == (c.b, c.h, c.sq) and lse.dtype == torch.float32
+    assert torch.isnan(buf[:guard]).all() and torch.isnan(buf[guard + c.b:]).all(), "a guard row of out was written"
+    assert cache.guards_intact(), "a guard page of the cache was written"
+    k_after, v_after = cache.logical(cache.k_cache), cache.logical(cache.v_cache)
+    for b in range(c.b):
+        n = lens[b]
+        # The append: rows [n, n + new) hold the new keys and values; every other row is unchanged.
+        exp_k, exp_v = k_before[b].clone(), v_before[b].clone()
+        if c.new:
+            exp_k[n:n + c.new] = k_new[b]
+            exp_v[n:n + c.new] = v_new[b]
+        assert torch.equal(k_after[b], exp_k) and torch.equal(v_after[b], exp_v), f"cache of entry {b}"
+        keys = n + c.new
+        ks, vs = k_after[b:b + 1, :keys], v_after[b:b + 1, :keys]
+        if keys == 0:
+            assert not out[b].any() and bool((lse[b] == float("-inf")).all())
+            continue
+        check = check_attention(out[b:b + 1], q[b:b + 1], ks, vs, lse=lse[b:b + 1], **c.options())
+        assert check.ok, (b, n, check.message)
+    if c.page:  # the pages nobody points at are untouched
+        used = set(cache.block_table.flatten().tolist())
+        spare = [p for p in range(cache.num_pages) if p not in used]
+        ref_k = Cache(torch, c, dt, torch.Generator(device="cuda").manual_seed(seed))
+        for p in spare:
+            assert torch.equal(cache.k_cache[p], ref_k.k_cache[p]), f"spare page {p} was written"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_kvcache_against_reference(torch, case, dtype):
+    _require_kvcache(dtype, case.d)
+    _run_case(torch, case, dtype, seed=sum(map(ord, case.id)) % 1000)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_splits", [1, 0, 3, 128])
+def test_num_splits_agree(torch, num_splits):
+    """Every split count passes the rule; automatic splits a long single-sequence decode."""
+    _require_kvcache("bfloat16", 128)
+    c = Case(1, 1, 8, 2, 128, 8192, page=64, new=1, num_splits=num_splits)
+    _run_case(torch, c, "bfloat16", seed=11)
+    from flashcute._torch import _kvcache_launch
+
+    g = torch.Generator(device="cuda").manual_seed(1)
+    q = torch.randn(1, 1, 8, 128, device="cuda", generator=g).bfloat16()
+    kc = torch.randn(1, 8192, 2, 128, device="cuda", generator=g).bfloat16()
+    out = torch.empty_like(q)
+    ran = _kvcache_launch(q, kc, kc, None, None, None, None, out, None, (0.1, False, -1, -1, 0.0), num_splits, 0,
+                          torch.cuda.current_stream().cuda_stream, False)
+    assert ran == num_splits if num_splits else ran > 1, ran
+
+
+@pytest.mark.gpu
+def test_cuda_graph_decode_step(torch):
+    """One decode step (append + paged attention) captured in a CUDA graph and replayed with new
+    cache_seqlens and new tokens matches the same step run eagerly on a copy of the cache."""
+    _require_kvcache("bfloat16", 128)
+    c = Case(4, 1, 16, 4, 128, 2048, page=64, new=1)
+    g = torch.Generator(device="cuda").manual_seed(5)
+    cache = Cache(torch, c, torch.bfloat16, g)
+    q = torch.randn(c.b, 1, c.h, c.d, device="cuda", generator=g).bfloat16()
+    kn = torch.randn(c.b, 1, c.hk, c.d, device="cuda", generator=g).bfloat16()
+    vn = torch.randn_like(kn)
+    seqlens = torch.tensor([5, 100, 0, 2000], dtype=torch.int32, device="cuda")
+    out = torch.empty_like(q)
+    step = dict(cache_seqlens=seqlens, block_table=cache.block_table, causal=True, out=out)
+    flashcute.flash_attn_with_kvcache(q, cache.k_cache, cache.v_cache, kn, vn, **step)  # warm up
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        flashcute.flash_attn_with_kvcache(q, cache.k_cache, cache.v_cache, kn, vn, **step)
+    for lens in ([6, 101, 1, 2001], [2047, 0, 1000, 17], [300, 300, 300, 300]):
+        seqlens.copy_(torch.tensor(lens, dtype=torch.int32))
+        q.normal_(generator=g)
+        kn.normal_(generator=g)
+        vn.normal_(generator=g)
+        k_copy, v_copy = cache.k_cache.clone(), cache.v_cache.clone()
+        eager = flashcute.flash_attn_with_kvcache(q, k_copy, v_copy, kn, vn, cache_seqlens=seqlens,
+                                                 block_table=cache.block_table, causal=True)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager), lens
+        assert torch.equal(cache.k_cache, k_copy) and torch.equal(cache.v_cache, v_copy), lens
+
+
+@pytest.mark.gpu
+def test_garbage_indices_stay_inside_the_cache(torch):
+    """Page numbers out of range and negative or huge cache_seqlens are clamped on the device: no
+    fault, no write outside the cache (guard pages) or out; compute-sanitizer checks the reads."""
+    _require_kvcache("bfloat16", 64)
+    c = Case(3, 1, 4, 2, 64, 256, page=16, new=1)
+    g = torch.Generator(device="cuda").manual_seed(9)
+    cache = Cache(torch, c, torch.bfloat16, g)
+    q = torch.randn(c.b, 1, c.h, c.d, device="cuda", generator=g).bfloat16()
+    kn = torch.randn(c.b, 1, c.hk, c.d, device="cuda", generator=g).bfloat16()
+    bad_table = cache.block_table.clone()
+    bad_table[0, 0] = -7
+    bad_table[1, 3] = 1 << 30
+    bad_table[2] = cache.num_pages
+    for lens in ([-5, 1 << 30, 255], [0, 256, (1 << 31) - 1]):
+        seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+        out = flashcute.flash_attn_with_kvcache(q, cache.k_cache, cache.v_cache, kn, kn, cache_seqlens=seqlens,
+                                               block_table=bad_table, num_splits=0)
+        torch.cuda.synchronize()
+        assert cache.guards_intact()
+        assert torch.isfinite(out).all()
+
+
+@pytest.mark.gpu
+def test_torch_compile_and_opcheck(torch):
+    _require_kvcache("bfloat16", 64)
+    torch._dynamo.reset()
+    c = Case(2, 1, 8, 2, 64, 512, page=32, new=1)
+    g = torch.Generator(device="cuda").manual_seed(13)
+    cache = Cache(torch, c, torch.bfloat16, g)
+    q = torch.randn(c.b, 1, c.h, c.d, device="cuda", generator=g).bfloat16()
+    kn = torch.randn(c.b, 1, c.hk, c.d, device="cuda", generator=g).bfloat16()
+    seqlens = torch.tensor([10, 300], dtype=torch.int32, device="cuda")
+
+    def step(q, kc, vc, kn, seqlens):
+        return flashcute.flash_attn_with_kvcache(q, kc, vc, kn, kn, cache_seqlens=seqlens,
+                                                 block_table=cache.block_table, causal=True)
+
+    kc1, vc1 = cache.k_cache.clone(), cache.v_cache.clone()
+    eager = step(q, kc1, vc1, kn, seqlens)
+    kc2, vc2 = cache.k_cache.clone(), cache.v_cache.clone()
+    compiled = torch.compile(step, fullgraph=True)(q, kc2, vc2, kn, seqlens)
+    assert torch.equal(eager, compiled)
+    assert torch.equal(kc1, kc2) and torch.equal(vc1, vc2)  # the compiled step appended in place too
+    torch.library.opcheck(torch.ops.flashcute.fwd_kvcache.default,
+                          (q, cache.k_cache.clone(), cache.v_cache.clone(), kn, kn, seqlens, cache.block_table, 0.125,
+                           True, -1, -1, 0.0, 0),
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+@pytest.mark.gpu
+def test_cupy_matches_torch(torch, cupy):
+    _require_kvcache("bfloat16", 128)
+    c = Case(2, 1, 8, 2, 128, 1024, page=64, new=1)
+    g = torch.Generator(device="cuda").manual_seed(17)
+    cache = Cache(torch, c, torch.bfloat16, g)
+    q = torch.randn(c.b, 1, c.h, c.d, device="cuda", generator=g).bfloat16()
+    kn = torch.randn(c.b, 1, c.hk, c.d, device="cuda", generator=g).bfloat16()
+    seqlens = torch.tensor([100, 700], dtype=torch.int32, device="cuda")
+    kc, vc = cache.k_cache.clone(), cache.v_cache.clone()
+    ref = flashcute.flash_attn_with_kvcache(q, kc, vc, kn, kn, cache_seqlens=seqlens, block_table=cache.block_table)
+    kc2, vc2 = cache.k_cache.clone(), cache.v_cache.clone()
+    torch.cuda.synchronize()
+    cp = [cupy.from_dlpack(t) for t in (q, kc2, vc2, kn, seqlens, cache.block_table)]
+    out = flashcute.flash_attn_with_kvcache(cp[0], cp[1], cp[2], cp[3], cp[3], cache_seqlens=cp[4], block_table=cp[5])
+    cupy.cuda.get_current_stream().synchronize()
+    assert torch.equal(torch.from_dlpack(out), ref)
+    assert torch.equal(kc, kc2) and torch.equal(vc, vc2)
+
+
+# ------------------------------------------------------------------------------- errors, no GPU needed
+
+
+def test_fa2_keywords_not_built_raise_by_name():
+    torch = pytest.importorskip("torch")
+    q = torch.zeros(1, 1, 2, 64, dtype=torch.bfloat16)
+    for kw in ("rotary_cos", "rotary_sin", "cache_batch_idx", "cache_leftpad", "alibi_slopes"):
+        with pytest.raises(NotImplementedError, match=kw):
+            flashcute.flash_attn_with_kvcache(q, q, q, **{kw: q})
+    with pytest.raises(ValueError, match="num_splits"):
+        flashcute.flash_attn_with_kvcache(q, q, q, num_splits=129)
+
+
+def test_cpu_arrays_are_refused_by_name():
+    torch = pytest.importorskip("torch")
+    q = torch.zeros(1, 1, 2, 64, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="q: expected a CUDA array"):
+        flashcute.flash_attn_with_kvcache(q, q, q)
+
+
+def test_kvcache_host_errors_on_gpu_arrays(torch):
+    """The validation's messages, end to end (needs CUDA arrays to get past the device checks)."""
+    _require_kvcache("bfloat16", 64)
+    q = torch.randn(2, 1, 4, 64, device="cuda").bfloat16()
+    kc = torch.randn(10, 48, 2, 64, device="cuda").bfloat16()
+    bt = torch.zeros(2, 3, dtype=torch.int32, device="cuda")
+    with pytest.raises(ValueError, match="k_cache: page size 48 is not supported"):
+        flashcute.flash_attn_with_kvcache(q, kc, kc, block_table=bt)
+    kc = torch.randn(10, 64, 2, 64, device="cuda").bfloat16()
+    with pytest.raises(TypeError, match="block_table"):
+        flashcute.flash_attn_with_kvcache(q, kc, kc, block_table=bt.float())
+    with pytest.raises(ValueError, match="cache_seqlens"):
+        flashcute.flash_attn_with_kvcache(q, kc, kc, block_table=bt,
+                                          cache_seqlens=torch.zeros(3, dtype=torch.int32, device="cuda"))
+    kn = torch.randn(2, 1, 2, 64, device="cuda").bfloat16()
+    with pytest.raises(ValueError, match="cache_seqlens: required"):
+        flashcute.flash_attn_with_kvcache(q, kc, kc, kn, kn, block_table=bt)
+    big = torch.randn(2, 193, 2, 64, device="cuda").bfloat16()
+    with pytest.raises(ValueError, match="overflow a cache of 192"):
+        flashcute.flash_attn_with_kvcache(q, kc, kc, big, big, cache_seqlens=0, block_table=bt)
+    with pytest.raises(ValueError, match="given together"):
+        flashcute.flash_attn_with_kvcache(q, kc, kc, kn, None, cache_seqlens=0, block_table=bt)
