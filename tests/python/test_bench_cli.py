@@ -29,7 +29,8 @@ from flashcute.bench.results import ImplResult, PointResult
 from flashcute.bench.run import run_point
 from flashcute.testing import Check
 
-MODULES = ("arrays", "check", "cli", "files", "grid", "impls", "report", "results", "run", "timing")
+MODULES = ("arrays", "check", "cli", "decode", "files", "grid", "impls", "report", "results", "run", "timing",
+           "varlen")
 OPTIONAL = ("torch", "cupy", "numpy", "matplotlib", "rich")
 
 
@@ -572,3 +573,24 @@ def test_main_reports_impossible_gqa_before_looking_for_a_gpu(monkeypatch, capsy
     monkeypatch.setattr(flashcute._C, "cuda_device_count", _raise(AssertionError("must not be asked")))
     assert cli.main(["--headdims", "96", "--nheads-k", "4"]) == 2
     assert "not a multiple of --nheads-k 4" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------ decode
+
+
+def test_decode_mode_parses_and_needs_torch_with_a_gpu(monkeypatch, capsys, tmp_path):
+    from flashcute.bench import decode
+
+    a = decode.build_parser().parse_args(["--batches", "1,64", "--heads", "32:8", "--eager", "--page", "256"])
+    assert a.batches == [1, 64] and a.heads == [(32, 8)] and a.graph is False and a.page == 256
+    assert decode.build_parser().parse_args([]).graph is True  # CUDA-graph replays by default
+    monkeypatch.setitem(sys.modules, "torch", None)
+    assert cli.main(["decode", "--out-dir", str(tmp_path)]) == 1
+    assert "needs torch with a CUDA device" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+
+
+def test_python_dash_m_decode_help():
+    proc = subprocess.run([sys.executable, "-m", "flashcute.bench", "decode", "--help"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "--page" in proc.stdout and "--graph" in proc.stdout

@@ -27,7 +27,9 @@ The modules, each one job:
 - :mod:`.run`: one point: inputs, then check and time every implementation;
 - :mod:`.results`: what a point produces;
 - :mod:`.report`: the console (rich, else plain prints), the per-point line, the table, the summary;
-- :mod:`.files`: the CSV, JSON and PNG files, from one record builder.
+- :mod:`.files`: the CSV, JSON and PNG files, from one record builder;
+- :mod:`.decode`: ``python -m flashcute.bench decode``, KV-cache decode bandwidth against SDPA;
+- :mod:`.varlen`: ``python -m flashcute.bench varlen``, packed against padded prefill.
 
 Importing any of them needs only the standard library and flashcute: torch, CuPy, NumPy, rich and
 matplotlib are imported when used.

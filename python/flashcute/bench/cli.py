@@ -60,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=f"python -m {PROG}",
         description="Benchmark flashcute's forward or backward pass against torch SDPA, "
-        "after checking it against a float32 reference.",
+        "after checking it against a float32 reference. `python -m flashcute.bench decode --help`: the "
+        "KV-cache decode benchmark.",
         epilog="Exit codes: 0 ok; 1 no usable GPU / flashcute not built; 2 usage error or no torch/CuPy; "
         "3 a flashcute correctness check failed or flashcute raised.",
     )
@@ -221,7 +222,18 @@ def write_outputs(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Runs the benchmark; returns the exit code (see the package docstring)."""
+    """Runs the benchmark; returns the exit code (see the package docstring). A first argument
+    ``decode`` runs the KV-cache decode benchmark instead (:mod:`.decode`), ``varlen`` the packed
+    against padded prefill (:mod:`.varlen`)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["decode"]:
+        from . import decode
+
+        return decode.main(args[1:])
+    if args[:1] == ["varlen"]:
+        from . import varlen
+
+        return varlen.main(args[1:])
     cfg = parse_args(argv)
     try:
         try:

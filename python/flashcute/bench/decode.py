@@ -1,0 +1,254 @@
+"""``python -m flashcute.bench decode``: KV-cache decode speed against SDPA, as effective bandwidth.
+
+At every point (batch x seqlen_k x heads; bf16, one head dim) one new query token per sequence
+attends to a KV cache of seqlen_k keys. Timed, in one process on the same keys:
+
+- ``fc``: :func:`flashcute.flash_attn_with_kvcache` on the contiguous cache, cache_seqlens given;
+- ``fc-paged``: the same keys in a paged cache (``--page`` tokens a page, pages shuffled);
+- ``sdpa-flash``, ``sdpa-cudnn``: ``torch.nn.functional.scaled_dot_product_attention`` with that
+  backend, on the contiguous cache transposed to (batch, heads, seq, dim), ``enable_gqa=True``;
+- ``copy``: a 1 GiB device-to-device ``Tensor.copy_`` (bytes read + written, timed eagerly), the
+  reference the targets are stated against.
+
+Bandwidth is the bytes of K and V over the median time of ``--iters`` calls after a warm-up
+(flashcute.bench's timer). ``--graph`` (the default) times CUDA-graph replays of each call: the
+GPU's time, as a served decode step runs; ``--eager`` times plain calls, which include each
+call's host time. Every implementation is timed ``--rounds`` times in turn and keeps its best
+median, so no one of them is favoured by going first. Before timing, flashcute's outputs are
+checked against SDPA flash's (max |diff| printed; the numerical tests are in tests/python).
+
+Writes ``decode-<date>.csv``/``.json`` and a plot to ``--out-dir``. torch only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import statistics
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Callable
+
+import flashcute
+
+from .arrays import TorchLib, versions
+from .timing import time_calls
+
+PROG = "flashcute.bench decode"
+IMPLS = ("fc", "fc-paged", "sdpa-flash", "sdpa-cudnn")
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def _heads(text: str) -> list[tuple[int, int]]:
+    return [tuple(int(x) for x in pair.split(":")) for pair in text.split(",") if pair]  # type: ignore[misc]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=f"python -m {PROG}", description=__doc__.split("\n\n")[0])
+    p.add_argument("--batches", type=_ints, default=[1, 16, 64])
+    p.add_argument("--seqlens", type=_ints, default=[4096, 16384, 65536, 131072], help="seqlen_k values")
+    p.add_argument("--heads", type=_heads, default=[(32, 8), (8, 8)], help="nheads:nheads_k pairs (default 32:8,8:8)")
+    p.add_argument("--headdim", type=int, default=128)
+    p.add_argument("--page", type=int, default=64, help="page size of the paged cache (default 64)")
+    p.add_argument("--max-gb", type=float, default=9.0,
+                   help="skip points whose KV cache is larger (default 9: the cache, its paged copy and SDPA's "
+                        "inputs fit in 80 GB)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--graph", dest="graph", action="store_true", default=True,
+                      help="time CUDA-graph replays (default)")
+    mode.add_argument("--eager", dest="graph", action="store_false", help="time eager calls (host time included)")
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--rounds", type=int, default=2, help="times each implementation is timed in turn (best kept)")
+    p.add_argument("--out-dir", type=Path, default=Path("bench-results"))
+    p.add_argument("--no-plot", action="store_true")
+    return p
+
+
+class Timer:
+    def __init__(self, torch: Any, graph: bool, warmup: int, iters: int) -> None:
+        self.torch, self.graph, self.warmup, self.iters = torch, graph, warmup, iters
+        self.clock = TorchLib(torch)
+
+    def ms(self, fn: Callable[[], Any]) -> float:
+        torch = self.torch
+        if self.graph:
+            fn()  # lazy initialisation and allocations outside the capture
+            torch.cuda.synchronize()
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                fn()
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                fn()
+            fn = graph.replay
+        return statistics.median(time_calls(self.clock, [fn], self.warmup, self.iters))
+
+
+def copy_tbps(torch: Any, timer: Timer) -> float:
+    """A 1 GiB Tensor.copy_, timed eagerly in either mode: captured in a graph it becomes a memcpy
+    node, which the H100 ran at 2.4 TB/s against 3.0 for the kernel eager calls get."""
+    src = torch.empty(1 << 29, dtype=torch.bfloat16, device="cuda").normal_()  # 1 GiB
+    dst = torch.empty_like(src)
+    eager = Timer(torch, False, timer.warmup, timer.iters)
+    ms = min(eager.ms(lambda: dst.copy_(src)) for _ in range(2))
+    return 2 * src.numel() * 2 / (ms * 1e-3) / 1e12
+
+
+def run_point(torch: Any, timer: Timer, b: int, s: int, h: int, hk: int, d: int, page: int,
+              rounds: int) -> dict[str, Any]:
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from .._torch import _kvcache_launch
+
+    dt = torch.bfloat16
+    q = torch.randn(b, 1, h, d, device="cuda", dtype=dt)
+    k = torch.randn(b, s, hk, d, device="cuda", dtype=dt)
+    v = torch.randn(b, s, hk, d, device="cuda", dtype=dt)
+    seqlens = torch.full((b,), s, dtype=torch.int32, device="cuda")
+    pages = b * s // page
+    perm = torch.randperm(pages, device="cuda")
+    kp = torch.empty(pages, page, hk, d, device="cuda", dtype=dt)
+    vp = torch.empty_like(kp)
+    kp[perm] = k.view(pages, page, hk, d)
+    vp[perm] = v.view(pages, page, hk, d)
+    table = perm.view(b, s // page).to(torch.int32)
+    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+
+    def sdpa(backend):
+        def run():
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=h != hk).transpose(1, 2)
+        return run
+
+    runs = {
+        "fc": lambda: flashcute.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens),
+        "fc-paged": lambda: flashcute.flash_attn_with_kvcache(q, kp, vp, cache_seqlens=seqlens, block_table=table),
+        "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION),
+        "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
+    }
+    outs, ms, notes = {}, {}, {}
+    for name, run in list(runs.items()):
+        try:
+            outs[name] = run()
+        except RuntimeError as exc:  # an SDPA backend that refuses this point
+            notes[name] = str(exc).splitlines()[0][:120]
+            del runs[name]
+    for _ in range(rounds):
+        for name, run in runs.items():
+            t = timer.ms(run)
+            ms[name] = min(ms.get(name, t), t)
+    kv_bytes = 2 * b * s * hk * d * 2
+    ref = outs.get("sdpa-flash")
+    diff = max(((outs[n].float() - ref.float()).abs().max().item() for n in ("fc", "fc-paged")), default=None) \
+        if ref is not None else None
+    splits = _kvcache_launch(q, k, v, None, None, seqlens, None, torch.empty_like(q), None,
+                             (d ** -0.5, False, -1, -1, 0.0), 0, q.get_device(),
+                             torch.cuda.current_stream().cuda_stream, False)
+    return {"batch": b, "seqlen_k": s, "nheads": h, "nheads_k": hk, "headdim": d, "kv_bytes": kv_bytes,
+            "num_splits": splits, "ms": ms, "tbps": {n: kv_bytes / (t * 1e-3) / 1e12 for n, t in ms.items()},
+            "max_abs_diff_vs_sdpa_flash": diff, "unavailable": notes}
+
+
+def line(r: dict[str, Any], copy: float) -> str:
+    t = r["tbps"]
+    cells = " ".join(f"{t[n]:6.2f}" if n in t else "     -" for n in IMPLS)
+    best = max((t[n] for n in ("sdpa-flash", "sdpa-cudnn") if n in t), default=None)
+    ratio = f"{t['fc'] / best:5.2f}" if best else "    -"
+    return (f"{r['batch']:5d} {r['seqlen_k']:7d} {r['nheads']:3d}:{r['nheads_k']:<2d} {r['kv_bytes'] / 1e6:7.0f} "
+            f"{r['num_splits']:6d} | {cells} | {t['fc'] / copy:7.2f} {ratio} {t['fc-paged'] / t['fc']:8.2f}")
+
+
+def write_plot(path: Path, rows: Sequence[dict[str, Any]], copy: float, title: str) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    panels = list(dict.fromkeys((r["nheads"], r["nheads_k"], r["batch"]) for r in rows))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), squeeze=False, sharey=True)
+    for ax, (h, hk, b) in zip(axes[0], panels):
+        sel = [r for r in rows if (r["nheads"], r["nheads_k"], r["batch"]) == (h, hk, b)]
+        for impl in IMPLS:
+            pts = [(r["seqlen_k"], r["tbps"][impl]) for r in sel if impl in r["tbps"]]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=impl)
+        ax.axhline(copy, color="gray", ls="--", lw=1, label="copy")
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"batch {b}, heads {h}:{hk}")
+        ax.set_xlabel("seqlen_k")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("TB/s of K+V")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    try:
+        lib = TorchLib.load()
+    except Exception as exc:  # LibraryUnavailable: no torch, or no GPU
+        print(f"{PROG}: needs torch with a CUDA device ({exc})", file=sys.stderr)
+        return 1
+    torch = lib.m
+    if not flashcute.is_available():
+        print(f"{PROG}: flashcute cannot run: {flashcute.cuda_status()}", file=sys.stderr)
+        return 1
+    timer = Timer(torch, a.graph, a.warmup, a.iters)
+    gpu = torch.cuda.get_device_name()
+    copy = copy_tbps(torch, timer)
+    mode = "CUDA-graph replays" if a.graph else "eager calls"
+    print(f"# {PROG}: {gpu}, torch {torch.__version__}, flashcute {flashcute.__version__}, bf16, d {a.headdim}, "
+          f"{mode}, best of {a.rounds} medians of {a.iters}; copy {copy:.2f} TB/s; paged: {a.page}-token pages")
+    print(f"{'batch':>5} {'seqlen_k':>7} {'heads':>6} {'kv_MB':>7} {'splits':>6} | "
+          + " ".join(f"{n:>6}"[-6:] for n in IMPLS) + " | fc/copy fc/sdpa paged/fc   (TB/s of K+V)")
+    rows = []
+    for h, hk in a.heads:
+        for b in a.batches:
+            for s in a.seqlens:
+                if 2 * b * s * hk * a.headdim * 2 > a.max_gb * 1e9 or s % a.page:
+                    continue
+                r = run_point(torch, timer, b, s, h, hk, a.headdim, a.page, a.rounds)
+                rows.append(r)
+                print(line(r, copy), flush=True)
+                torch.cuda.empty_cache()
+    a.out_dir.mkdir(parents=True, exist_ok=True)
+    stem = a.out_dir / f"decode-{_dt.datetime.now(_dt.timezone.utc):%Y%m%dT%H%M%SZ}"
+    meta = {"gpu": gpu, "versions": versions(), "argv": list(sys.argv[1:] if argv is None else argv), "mode": mode,
+            "copy_tbps": copy, "rounds": a.rounds, "iters": a.iters, "warmup": a.warmup, "page": a.page}
+    stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "points": rows}, indent=1))
+    with open(stem.with_suffix(".csv"), "w") as f:
+        f.write("batch,seqlen_k,nheads,nheads_k,headdim,kv_bytes,num_splits,impl,ms,tbps,fraction_of_copy\n")
+        for r in rows:
+            for n, ms in r["ms"].items():
+                f.write(f"{r['batch']},{r['seqlen_k']},{r['nheads']},{r['nheads_k']},{r['headdim']},{r['kv_bytes']},"
+                        f"{r['num_splits']},{n},{ms:.5f},{r['tbps'][n]:.4f},{r['tbps'][n] / copy:.4f}\n")
+    written = [stem.with_suffix(".csv"), stem.with_suffix(".json")]
+    if not a.no_plot and write_plot(stem.with_suffix(".png"), rows, copy, f"flashcute decode on {gpu} ({mode})"):
+        written.append(stem.with_suffix(".png"))
+    print(f"# {PROG}: wrote " + ", ".join(map(str, written)))
+    big = [r for r in rows if r["kv_bytes"] >= 256e6]
+    if rows:
+        worst_copy = min(r["tbps"]["fc"] / copy for r in big) if big else float("nan")
+        ratios = [r["tbps"]["fc"] / max(r["tbps"][n] for n in ("sdpa-flash", "sdpa-cudnn") if n in r["tbps"])
+                  for r in rows if any(n in r["tbps"] for n in ("sdpa-flash", "sdpa-cudnn"))]
+        paged = [r["tbps"]["fc-paged"] / r["tbps"]["fc"] for r in rows]
+        print(f"{PROG} summary [{gpu}]: fc/copy min {worst_copy:.2f} where the cache is >= 256 MB; "
+              f"fc/best-sdpa min {min(ratios, default=float('nan')):.2f}, "
+              f"geomean {statistics.geometric_mean(ratios) if ratios else float('nan'):.2f}; "
+              f"paged/contiguous min {min(paged):.2f}")
+    return 0

@@ -1,0 +1,76 @@
+"""``python -m flashcute.bench varlen``: prefill of a batch of sequences of mixed lengths, packed
+(:func:`flashcute.flash_attn_varlen_func`) against the same batch padded to its longest sequence
+(:func:`flashcute.flash_attn_func`, the way without varlen).
+
+The lengths are drawn log-uniformly from ``--min-len`` to ``--max-len`` (seeded) until
+``--tokens`` tokens; bf16, causal. Useful TFLOP/s counts only the real tokens, FlashAttention's
+way: 4 * H * D * L^2 / 2 a sequence of length L. The padded call computes the padding too (its
+rows are masked in nothing but cost the same), which is what packing saves. Medians of
+CUDA-event-timed calls (flashcute.bench's timer). torch only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import random
+import statistics
+import sys
+from collections.abc import Sequence
+
+import flashcute
+
+from .arrays import TorchLib
+from .timing import time_calls
+
+PROG = "flashcute.bench varlen"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog=f"python -m {PROG}", description=__doc__.split("\n\n")[0])
+    p.add_argument("--tokens", type=int, default=65536)
+    p.add_argument("--min-len", type=int, default=128)
+    p.add_argument("--max-len", type=int, default=8192)
+    p.add_argument("--heads", default="32:8", help="nheads:nheads_k (default 32:8)")
+    p.add_argument("--headdims", default="64,128")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--iters", type=int, default=20)
+    a = p.parse_args(argv)
+    try:
+        lib = TorchLib.load()
+    except Exception as exc:
+        print(f"{PROG}: needs torch with a CUDA device ({exc})", file=sys.stderr)
+        return 1
+    torch = lib.m
+    rng = random.Random(a.seed)
+    lens: list[int] = []
+    while sum(lens) < a.tokens:
+        lens.append(int(math.exp(rng.uniform(math.log(a.min_len), math.log(a.max_len)))))
+    h, hk = (int(x) for x in a.heads.split(":"))
+    total, longest = sum(lens), max(lens)
+    print(f"# {PROG}: {torch.cuda.get_device_name()}, bf16, causal, heads {h}:{hk}; {len(lens)} sequences of "
+          f"{a.min_len}-{a.max_len} tokens (log-uniform, seed {a.seed}): {total} tokens, padded to "
+          f"{len(lens)} x {longest} = {len(lens) * longest}")
+    print("headdim | varlen ms  TFLOP/s | padded ms  TFLOP/s | varlen/padded speed")
+    cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32, device="cuda")
+    for d in (int(x) for x in a.headdims.split(",")):
+        flops = sum(4 * h * d * n * n / 2 for n in lens)
+        q = torch.randn(total, h, d, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(total, hk, d, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+        qp = torch.zeros(len(lens), longest, h, d, device="cuda", dtype=torch.bfloat16)
+        kp = torch.zeros(len(lens), longest, hk, d, device="cuda", dtype=torch.bfloat16)
+        vp = torch.zeros_like(kp)
+        for i, n in enumerate(lens):  # right-aligned: the causal mask is bottom-right aligned
+            s = int(cu[i])
+            qp[i, longest - n:], kp[i, longest - n:], vp[i, longest - n:] = q[s:s + n], k[s:s + n], v[s:s + n]
+
+        def timed(fn):
+            return statistics.median(time_calls(lib, [fn], 5, a.iters))
+
+        t_var = timed(lambda: flashcute.flash_attn_varlen_func(q, k, v, cu, cu, longest, longest, causal=True))
+        t_pad = timed(lambda: flashcute.flash_attn_func(qp, kp, vp, causal=True))
+        print(f"{d:7d} | {t_var:9.3f} {flops / t_var / 1e9:8.1f} | {t_pad:9.3f} {flops / t_pad / 1e9:8.1f} | "
+              f"{t_pad / t_var:.2f}x", flush=True)
+    return 0
