@@ -328,3 +328,22 @@ def test_kvcache_host_errors_on_gpu_arrays(torch):
         flashcute.flash_attn_with_kvcache(q, kc, kc, big, big, cache_seqlens=0, block_table=bt)
     with pytest.raises(ValueError, match="given together"):
         flashcute.flash_attn_with_kvcache(q, kc, kc, kn, None, cache_seqlens=0, block_table=bt)
+
+
+@pytest.mark.gpu
+def test_readme_paged_decode_step(torch):
+    """The README's paged decode step runs as written and appends where it says."""
+    _require_kvcache("bfloat16", 128)
+    import pathlib
+    import re
+
+    readme = (pathlib.Path(__file__).parents[2] / "README.md").read_text()
+    code = re.search(r"```python\n(# A paged decode step.*?)```", readme, re.S).group(1)
+    scope = {"torch": torch, "flashcute": flashcute}
+    exec(code, scope)  # noqa: S102 - the README's own example
+    out, cache_seqlens = scope["out"], scope["cache_seqlens"]
+    assert out.shape == (4, 1, 32, 128) and torch.isfinite(out).all()
+    assert cache_seqlens.tolist() == [6, 901, 18, 2001]
+    table, k_cache = scope["block_table"], scope["k_cache"]
+    page, row = table[1, 900 // 64].item(), 900 % 64  # sequence 1's new token went to key 900
+    assert torch.equal(k_cache[page, row], scope["k_new"][1, 0])

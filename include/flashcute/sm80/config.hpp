@@ -36,9 +36,9 @@ struct FwdConfig {
   constexpr int num_threads() const { return num_warps * 32; }
   // Shared memory row atom: 64 halves (128 B) when the head dim allows, else 32 (64 B).
   constexpr int smem_atom_cols() const { return head_dim % 64 == 0 ? 64 : 32; }
-  // Bytes of dynamic shared memory: Q tile, plus one K and one V tile (the KV-cache kernel: two K).
+  // Bytes of dynamic shared memory: Q tile, plus one K and one V tile (the KV-cache kernel: two each).
   constexpr int smem_bytes(int element_bytes = 2) const {
-    return (block_m + (split_kv ? 3 : 2) * block_n) * head_dim * element_bytes;
+    return (block_m + (split_kv ? 4 : 2) * block_n) * head_dim * element_bytes;
   }
 };
 

@@ -92,13 +92,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
   Tensor sK = make_tensor(sQ.data() + size(sQ), typename Traits::SmemLayoutKV{});                                // (BLK_N,D)
   Tensor sV = make_tensor(sK.data() + size(sK), typename Traits::SmemLayoutKV{});                                // (BLK_N,D)
   Tensor sVt = make_tensor(sV.data(), typename Traits::SmemLayoutVt{});                                          // (D,BLK_N)
-  // The KV-cache kernel double-buffers K (its second buffer follows V): K[n-1] streams in beside
-  // V[n], so a CTA has two tiles in flight, not one. Decode is memory-bound; a CTA that waits on
-  // one tile at a time leaves bandwidth unused (perf-notes v22). Block n uses buffer n % 2.
-  constexpr int kKStages = Traits::kSplitKv ? 2 : 1;
-  const int64_t k_stage_elems = 2 * int64_t(size(sK));  // from K's first buffer to its second
-  auto k_stage = [&](int n_block) { return kKStages == 1 ? 0 : (n_block & 1); };
-  auto at_k_stage = [&](auto const& t, int stage) { return make_tensor(t.data() + stage * k_stage_elems, t.layout()); };
+  // The KV-cache kernel double-buffers K and V (Q | K0 | V0 | K1 | V1; block n uses pair n % 2):
+  // the next block's pair streams in during this block's math. Decode is memory-bound, and its
+  // CTAs often run one to an SM: one that waits on one tile at a time leaves bandwidth unused
+  // (perf-notes v22).
+  constexpr int kKvStages = Traits::kSplitKv ? 2 : 1;
+  const int64_t stage_elems = 2 * int64_t(size(sK));  // from a pair's K (or V) to the next pair's
+  auto stage_of = [&](int n_block) { return kKvStages == 1 ? 0 : (n_block & 1); };
+  auto at_stage = [&](auto const& t, int stage) { return make_tensor(t.data() + stage * stage_elems, t.layout()); };
   Tensor sO = make_tensor(sQ.data(), typename Traits::SmemLayoutO{});                                            // (BLK_M,D)
 
   // Global -> shared: cp.async partitions, plus (row, col) coordinates for predication.
@@ -140,17 +141,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
     load_tile<kCheckRows>(gmem_tiled_copy, tXgX(_, _, _, n_block), tXsX, tKVcKV, max_rows, params.head_dim);
   };
   auto load_k = [&](int n_block, auto check_rows_tag, int max_rows) FLASHCUTE_INLINE {
-    constexpr std::true_type kLookup{};
-    if constexpr (kKStages == 1) {
-      load_kv(tKgK, tKsK, n_block, check_rows_tag, max_rows, params.k_batch_stride, params.k_row_stride, kLookup);
-    } else {
-      auto tKsK_stage = at_k_stage(tKsK, k_stage(n_block));
-      load_kv(tKgK, tKsK_stage, n_block, check_rows_tag, max_rows, params.k_batch_stride, params.k_row_stride,
-              kLookup);
-    }
+    auto tKsK_stage = at_stage(tKsK, stage_of(n_block));
+    load_kv(tKgK, tKsK_stage, n_block, check_rows_tag, max_rows, params.k_batch_stride, params.k_row_stride,
+            std::true_type{});
   };
   auto load_v = [&](int n_block, auto check_rows_tag, int max_rows) FLASHCUTE_INLINE {
-    load_kv(tVgV, tVsV, n_block, check_rows_tag, max_rows, params.v_batch_stride, params.v_row_stride,
+    auto tVsV_stage = at_stage(tVsV, stage_of(n_block));
+    load_kv(tVgV, tVsV_stage, n_block, check_rows_tag, max_rows, params.v_batch_stride, params.v_row_stride,
             std::false_type{});
   };
 
@@ -190,6 +187,19 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
     load_k(n_block_max - 1, std::true_type{}, seq.seqlen_k - n0);
   }
   cp_async_fence();
+  if constexpr (Traits::kSplitKv) {
+    // The KV-cache kernel keeps two (K, V) pairs in flight: the last block's V, then the pair
+    // before it, each tile a group of its own (step_kv counts them).
+    if (n_block_max > n_block_min) {
+      const int n0 = (n_block_max - 1) * kBlockN;
+      load_v(n_block_max - 1, std::true_type{}, seq.seqlen_k - n0);
+    }
+    cp_async_fence();
+    if (n_block_max - 1 > n_block_min) load_k(n_block_max - 2, std::false_type{}, kBlockN);
+    cp_async_fence();
+    if (n_block_max - 1 > n_block_min) load_v(n_block_max - 2, std::false_type{}, kBlockN);
+    cp_async_fence();
+  }
   if constexpr (Traits::kQInRegs) {
     cp_async_wait<1>();
     // Q has landed for every thread (K may still be in flight); each warp then reads its
@@ -204,7 +214,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
   constexpr float kLog2e = 1.4426950408889634f;
   OnlineSoftmax<decltype(size<0>(acc_o_rc))::value> softmax((use_softcap ? params.softcap : params.softmax_scale) * kLog2e);
 
-  // One main-loop step at key block n_block; kMasked: apply the mask where the block needs it.
+  // One main-loop step at key block n_block (the forward kernel's); kMasked: apply the mask where
+  // the block needs it.
   auto step = [&](int n_block, auto masked_tag) FLASHCUTE_INLINE {
     constexpr bool kMasked = decltype(masked_tag)::value;
     const int n0 = n_block * kBlockN;
@@ -222,19 +233,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
       load_v(n_block, std::false_type{}, kBlockN);
     }
     cp_async_fence();
-    if constexpr (kKStages == 2) {
-      // The next block's keys, into the other buffer (the previous step's Q K^T read it and every
-      // warp has passed the barrier since). A group of its own: the softmax waits only for V.
-      if (n_block > n_block_min) load_k(n_block - 1, std::false_type{}, kBlockN);
-      cp_async_fence();
-    }
 
     // S = Q K^T
-    if constexpr (kKStages == 2) {
-      static_assert(!Traits::kQInRegs);
-      gemm_ss(tiled_mma, acc_s, tSrQ, tSrK, tSsQ, at_k_stage(tSsK, k_stage(n_block)), tSrQ_view, tSrK_view,
-              smem_copy_q, smem_copy_k);
-    } else if constexpr (Traits::kQInRegs) {
+    if constexpr (Traits::kQInRegs) {
       gemm_rs(tiled_mma, acc_s, tSrQ, tSrK, tSsK, tSrK_view, smem_copy_k);
     } else {
       gemm_ss(tiled_mma, acc_s, tSrQ, tSrK, tSsQ, tSsK, tSrQ_view, tSrK_view, smem_copy_q, smem_copy_k);
@@ -248,26 +249,18 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
       if (mask.tile_needs_mask(m0, kBlockM, n0, kBlockN)) mask.apply(scores, tScS, m0, n0);
     }
 
-    if constexpr (kKStages == 2) {
-      cp_async_wait<1>();
-      // V[n_block] has landed for every thread (the next keys may still be in flight).
-      __syncthreads();
-    } else {
-      cp_async_wait<0>();
-      // V[n_block] has landed for every thread; and every warp has finished Q K^T, so
-      // sK is free for the next block's keys.
-      __syncthreads();
+    cp_async_wait<0>();
+    // V[n_block] has landed for every thread; and every warp has finished Q K^T, so
+    // sK is free for the next block's keys.
+    __syncthreads();
+    // The next block's keys (never ragged: only the last block is, and it was loaded first).
+    if constexpr (Traits::kBranchFreeRefill) {
+      // After the final block this loads zero rows; nothing reads sK after that.
+      load_k(max(n_block - 1, 0), std::true_type{}, n_block > n_block_min ? kBlockN : 0);
+    } else if (n_block > n_block_min) {
+      load_k(n_block - 1, std::false_type{}, kBlockN);
     }
-    if constexpr (kKStages == 1) {
-      // The next block's keys (never ragged: only the last block is, and it was loaded first).
-      if constexpr (Traits::kBranchFreeRefill) {
-        // After the final block this loads zero rows; nothing reads sK after that.
-        load_k(max(n_block - 1, 0), std::true_type{}, n_block > n_block_min ? kBlockN : 0);
-      } else if (n_block > n_block_min) {
-        load_k(n_block - 1, std::false_type{}, kBlockN);
-      }
-      cp_async_fence();
-    }
+    cp_async_fence();
 
     // P = exp(S - max), O = O * rescale + P V
     softmax.update(scores, acc_o_rc);
@@ -276,8 +269,44 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
     gemm_rs(tiled_mma, acc_o, tOrP, tOrVt, tOsVt, tOrVt_view, smem_copy_v);
   };
 
+  // The KV-cache kernel's step: K and V both double-buffered (buffer n % 2); the next block's
+  // pair streams in during this block's math, and the pair after it is issued as soon as this
+  // block's buffers are free. Four tile groups are in flight at its start: K[n], V[n], K[n-1], V[n-1].
+  auto step_kv = [&](int n_block) FLASHCUTE_INLINE {
+    const int n0 = n_block * kBlockN;
+    const int stage = stage_of(n_block);
+    Tensor acc_s = partition_fragment_C(tiled_mma, TileS{});  // (MMA,MMA_M,MMA_N), fp32
+    clear(acc_s);
+    cp_async_wait<3>();
+    // K[n_block] (and, first time, Q) has landed for every thread.
+    __syncthreads();
+    gemm_ss(tiled_mma, acc_s, tSrQ, tSrK, tSsQ, at_stage(tSsK, stage), tSrQ_view, tSrK_view, smem_copy_q,
+            smem_copy_k);
+    if (use_softcap) {
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc_s); ++i) acc_s(i) = tanhf(acc_s(i) * softcap_prescale);
+    }
+    Tensor scores = rowcol_view(acc_s);  // ((2,MMA_M),(2,MMA_N))
+    if (mask.tile_needs_mask(m0, kBlockM, n0, kBlockN)) mask.apply(scores, tScS, m0, n0);
+    cp_async_wait<2>();
+    // V[n_block] has landed for every thread.
+    __syncthreads();
+    softmax.update(scores, acc_o_rc);
+    Tensor rP = convert_fragment<Element>(acc_s);                        // (MMA,MMA_M,MMA_N)
+    Tensor tOrP = make_tensor(rP.data(), acc_to_a_layout(rP.layout()));  // ((2,2,2),MMA_M,MMA_N/2)
+    gemm_rs(tiled_mma, acc_o, tOrP, tOrVt, at_stage(tOsVt, stage), tOrVt_view, smem_copy_v);
+    // Every warp is done with this stage's K and V: they take block n_block - 2.
+    __syncthreads();
+    if (n_block - 2 >= n_block_min) load_k(n_block - 2, std::false_type{}, kBlockN);
+    cp_async_fence();
+    if (n_block - 2 >= n_block_min) load_v(n_block - 2, std::false_type{}, kBlockN);
+    cp_async_fence();
+  };
+
   // Main loop, last key block first.
-  if constexpr (!Traits::kMaskSplit) {
+  if constexpr (Traits::kSplitKv) {
+    for (int n_block = n_block_max - 1; n_block >= n_block_min; --n_block) step_kv(n_block);
+  } else if constexpr (!Traits::kMaskSplit) {
     for (int n_block = n_block_max - 1; n_block >= n_block_min; --n_block) step(n_block, std::true_type{});
   } else {
     // Blocks [n_full_min, n_full_max) are visible to every row of the tile: they run with no
