@@ -9,6 +9,12 @@
 // each have one shared-memory buffer, and the loads overlap
 // the math: V[j] streams in during S = Q K[j]^T, and K[j-1] during the softmax
 // and O += P V[j].
+//
+// The same kernel built from a FwdConfig with split_kv (sm80/launch_splitkv.hpp) is the KV-cache
+// kernel: its CTA takes one of params.num_splits shares of the key blocks and writes a float32
+// partial when there are several, K and V may be paged (gathered row by row through the block
+// table), the key count comes from params.cache_seqlens, and K and V are double-buffered
+// (step_kv).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -119,7 +125,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
   // K and V block loads. A paged cache (KV-cache kernel only) gathers each row from its page:
   // row r of block n is key n * kBlockN + r, at its page's offset instead of r * row_stride. A K
   // load looks the pages of its rows up in the block table; the V load of the same block, which
-  // always comes next (V[n] is issued before K[n-1]), reuses them from row_page.
+  // the KV-cache kernel always issues right after it, reuses them from row_page.
   const bool paged = Traits::kSplitKv && params.block_table != nullptr;
   const PagedKv pages(params, batch);  // read only when paged
   int row_page[decltype(size<1>(tKVcKV))::value];  // the page of each row this thread loads
