@@ -486,22 +486,23 @@ def flash_attn_with_kvcache(
     if not 0 <= num_splits <= 128:
         raise ValueError(f"num_splits: expected 0 (automatic) to 128, got {num_splits}")
     stream = _parse_stream(stream)
+    if isinstance(cache_seqlens, bool):
+        raise TypeError("cache_seqlens: expected an int32 array or an int, got bool")
+    seqlens_int = isinstance(cache_seqlens, numbers.Integral)  # made into an array below, in q's framework
     fw = _one_framework(("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v),
-                        ("block_table", block_table), ("out", out), optional=("k", "v", "block_table", "out"))
+                        ("block_table", block_table), ("out", out),
+                        ("cache_seqlens", None if seqlens_int else cache_seqlens),
+                        optional=("k", "v", "block_table", "out", "cache_seqlens"))
     if (k is None) != (v is None):
         raise ValueError(f"{'v' if v is None else 'k'}: k and v (the new keys and values) must be given together")
     args = _kernel_args(q, softmax_scale, causal, window_left, window_right, softcap)
-    if isinstance(cache_seqlens, bool):
-        raise TypeError("cache_seqlens: expected an int32 array or an int, got bool")
     if fw == _TORCH:
         import torch
 
         from ._torch import flash_attn_kvcache
 
-        if isinstance(cache_seqlens, numbers.Integral):
+        if seqlens_int:
             cache_seqlens = torch.full((q.shape[0],), int(cache_seqlens), dtype=torch.int32, device=q.device)
-        elif cache_seqlens is not None:
-            _one_framework(("q", q), ("cache_seqlens", cache_seqlens))
         out, lse = flash_attn_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, out, want_lse, stream,
                                       args, num_splits)
     elif fw == _CUPY:
@@ -509,11 +510,9 @@ def flash_attn_with_kvcache(
 
         from . import _cupy
 
-        if isinstance(cache_seqlens, numbers.Integral):
+        if seqlens_int:
             with cupy.cuda.Device(q.device.id):
                 cache_seqlens = cupy.full((q.shape[0],), int(cache_seqlens), dtype=cupy.int32)
-        elif cache_seqlens is not None:
-            _one_framework(("q", q), ("cache_seqlens", cache_seqlens))
         out, lse = _cupy.run_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, out, want_lse, stream,
                                      args, num_splits)
     else:

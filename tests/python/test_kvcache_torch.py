@@ -182,16 +182,22 @@ def test_num_splits_agree(torch, num_splits):
     assert ran == num_splits if num_splits else ran > 1, ran
 
 
+def _step_inputs(torch, c: Case, seed: int):
+    """A bf16 cache for c, one decode step's q and new keys, and the generator that made them."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    cache = Cache(torch, c, torch.bfloat16, g)
+    q = torch.randn(c.b, 1, c.h, c.d, device="cuda", generator=g).bfloat16()
+    kn = torch.randn(c.b, 1, c.hk, c.d, device="cuda", generator=g).bfloat16()
+    return cache, q, kn, g
+
+
 @pytest.mark.gpu
 def test_cuda_graph_decode_step(torch):
     """One decode step (append + paged attention) captured in a CUDA graph and replayed with new
     cache_seqlens and new tokens matches the same step run eagerly on a copy of the cache."""
     _require_kvcache("bfloat16", 128)
     c = Case(4, 1, 16, 4, 128, 2048, page=64, new=1)
-    g = torch.Generator(device="cuda").manual_seed(5)
-    cache = Cache(torch, c, torch.bfloat16, g)
-    q = torch.randn(c.b, 1, c.h, c.d, device="cuda", generator=g).bfloat16()
-    kn = torch.randn(c.b, 1, c.hk, c.d, device="cuda", generator=g).bfloat16()
+    cache, q, kn, g = _step_inputs(torch, c, seed=5)
     vn = torch.randn_like(kn)
     seqlens = torch.tensor([5, 100, 0, 2000], dtype=torch.int32, device="cuda")
     out = torch.empty_like(q)
@@ -222,10 +228,7 @@ def test_garbage_indices_stay_inside_the_cache(torch):
     fault, no write outside the cache (guard pages) or out; compute-sanitizer checks the reads."""
     _require_kvcache("bfloat16", 64)
     c = Case(3, 1, 4, 2, 64, 256, page=16, new=1)
-    g = torch.Generator(device="cuda").manual_seed(9)
-    cache = Cache(torch, c, torch.bfloat16, g)
-    q = torch.randn(c.b, 1, c.h, c.d, device="cuda", generator=g).bfloat16()
-    kn = torch.randn(c.b, 1, c.hk, c.d, device="cuda", generator=g).bfloat16()
+    cache, q, kn, g = _step_inputs(torch, c, seed=9)
     bad_table = cache.block_table.clone()
     bad_table[0, 0] = -7
     bad_table[1, 3] = 1 << 30
@@ -244,10 +247,7 @@ def test_torch_compile_and_opcheck(torch):
     _require_kvcache("bfloat16", 64)
     torch._dynamo.reset()
     c = Case(2, 1, 8, 2, 64, 512, page=32, new=1)
-    g = torch.Generator(device="cuda").manual_seed(13)
-    cache = Cache(torch, c, torch.bfloat16, g)
-    q = torch.randn(c.b, 1, c.h, c.d, device="cuda", generator=g).bfloat16()
-    kn = torch.randn(c.b, 1, c.hk, c.d, device="cuda", generator=g).bfloat16()
+    cache, q, kn, g = _step_inputs(torch, c, seed=13)
     seqlens = torch.tensor([10, 300], dtype=torch.int32, device="cuda")
 
     def step(q, kc, vc, kn, seqlens):
@@ -270,10 +270,7 @@ def test_torch_compile_and_opcheck(torch):
 def test_cupy_matches_torch(torch, cupy):
     _require_kvcache("bfloat16", 128)
     c = Case(2, 1, 8, 2, 128, 1024, page=64, new=1)
-    g = torch.Generator(device="cuda").manual_seed(17)
-    cache = Cache(torch, c, torch.bfloat16, g)
-    q = torch.randn(c.b, 1, c.h, c.d, device="cuda", generator=g).bfloat16()
-    kn = torch.randn(c.b, 1, c.hk, c.d, device="cuda", generator=g).bfloat16()
+    cache, q, kn, g = _step_inputs(torch, c, seed=17)
     seqlens = torch.tensor([100, 700], dtype=torch.int32, device="cuda")
     kc, vc = cache.k_cache.clone(), cache.v_cache.clone()
     ref = flashcute.flash_attn_with_kvcache(q, kc, vc, kn, kn, cache_seqlens=seqlens, block_table=cache.block_table)

@@ -143,11 +143,12 @@ inline Status plan_fwd_kvcache(const FwdArgs& a, FwdPlan& plan) {
     if (k.shape[0] < 1)
       return Status::invalid_argument("k_cache", "at least one block", shape_str(k));
     capacity = bt.shape[1] * page_size;
-    for (int64_t c : {capacity, k.shape[0]}) FLASHCUTE_RETURN_IF_ERROR(check_int32("block_table", "cache capacity", c));
-    for (auto* view : {&fixed.k, &fixed.v}) {  // batch stride 0: the plan's k_offset is the page base
-      const TensorRef& cache = view == &fixed.k ? k : v;
-      FLASHCUTE_RETURN_IF_ERROR(as_cache_error(check_strides_4d(view == &fixed.k ? "k" : "v", cache)));
-      *view = cache;
+    FLASHCUTE_RETURN_IF_ERROR(check_int32("block_table", "cache capacity", capacity));
+    FLASHCUTE_RETURN_IF_ERROR(check_int32("k_cache", "num_blocks", k.shape[0]));
+    // The caches as the fixed-length rules see them, (batch, capacity, ...) with batch stride 0:
+    // each row finds its page. Their own strides (the page stride too) are checked first.
+    for (TensorRef* view : {&fixed.k, &fixed.v}) {
+      FLASHCUTE_RETURN_IF_ERROR(as_cache_error(check_strides_4d(view == &fixed.k ? "k" : "v", *view)));
       view->shape[0] = batch;
       view->shape[1] = capacity;
       view->stride[0] = 0;
