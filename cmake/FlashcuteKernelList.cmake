@@ -9,8 +9,10 @@
 #   - the static library flashcute_kernels.
 #
 # A kernel is (family, direction, dtype, head dim). Families:
-#   sm80  mma.sync + cp.async (include/flashcute/sm80), for every arch in FLASHCUTE_CUDA_ARCHS.
-# A Hopper family (wgmma + TMA, sm90a only) will add its own row, built only for 90a.
+#   sm80  mma.sync + cp.async (include/flashcute/sm80), for every arch in FLASHCUTE_CUDA_ARCHS
+#         (90a read as 90), every direction.
+#   sm90  wgmma + TMA + warp specialisation (include/flashcute/sm90), the forward only, built for
+#         90a-real alone, when FLASHCUTE_CUDA_ARCHS names 90a.
 
 # --- the catalog ---------------------------------------------------------------------------
 # Head dims with a tile config in include/flashcute/sm80/config.hpp (static_assert-ed there).
@@ -19,7 +21,11 @@ set(FLASHCUTE_CATALOG_DTYPES fp16 bf16)
 set(_flashcute_dtype_enum_fp16 kFloat16)
 set(_flashcute_dtype_enum_bf16 kBFloat16)
 set(FLASHCUTE_FAMILIES sm80)
+if(FLASHCUTE_SM90A)
+  list(APPEND FLASHCUTE_FAMILIES sm90)
+endif()
 set(_flashcute_sm80_directions fwd)
+set(_flashcute_sm90_directions fwd)
 if(FLASHCUTE_KVCACHE)
   list(APPEND _flashcute_sm80_directions splitkv)
 endif()
@@ -29,7 +35,8 @@ endif()
 set(_flashcute_params_fwd FwdParams)
 set(_flashcute_params_splitkv FwdParams)
 set(_flashcute_params_bwd BwdParams)
-set(_flashcute_sm80_archs ${FLASHCUTE_ARCH_LIST})  # the mma.sync path runs everywhere from sm80 on
+set(_flashcute_sm80_archs ${FLASHCUTE_PORTABLE_ARCH_LIST})  # the mma.sync path runs everywhere from sm80 on
+set(_flashcute_sm90_archs 90a)  # wgmma and setmaxnreg: compute capability 9.0 only, no PTX
 
 foreach(d IN LISTS FLASHCUTE_HEAD_DIM_LIST)
   if(NOT d IN_LIST FLASHCUTE_CATALOG_HEAD_DIMS)
@@ -87,9 +94,11 @@ foreach(_family IN LISTS FLASHCUTE_FAMILIES)
     # One object library per family: its own CUDA_ARCHITECTURES (SASS for each arch, PTX for the newest).
     set(_archs ${_flashcute_${_family}_archs})
     list(TRANSFORM _archs APPEND "-real" OUTPUT_VARIABLE _cuda_archs)
-    list(POP_BACK _cuda_archs)
-    list(GET _archs -1 _newest)
-    list(APPEND _cuda_archs "${_newest}")
+    if(NOT _family STREQUAL "sm90")  # PTX for the newest, except sm_90a code: it runs nowhere else
+      list(POP_BACK _cuda_archs)
+      list(GET _archs -1 _newest)
+      list(APPEND _cuda_archs "${_newest}")
+    endif()
     add_library(flashcute_kernels_${_family} OBJECT ${_sources})
     set_target_properties(flashcute_kernels_${_family} PROPERTIES
       CUDA_ARCHITECTURES "${_cuda_archs}" POSITION_INDEPENDENT_CODE ON)
@@ -98,6 +107,11 @@ foreach(_family IN LISTS FLASHCUTE_FAMILIES)
     set(_flags --use_fast_math -lineinfo)
     if(_arch_count GREATER 1)
       list(APPEND _flags --threads=2)  # compile the architectures of one TU in parallel
+    endif()
+    if(_family STREQUAL "sm90")
+      # CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED: wgmma N that are multiples of 16 but not of 32
+      # (block_n 80, 96, 176...); NDEBUG keeps CUTLASS's debug checks out of the kernels.
+      list(APPEND _flags --expt-relaxed-constexpr -DNDEBUG -DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED)
     endif()
     if(FLASHCUTE_PTXAS_VERBOSE)
       list(APPEND _flags -Xptxas=-v)

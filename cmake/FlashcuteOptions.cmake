@@ -4,11 +4,14 @@
 # config settings and SKBUILD_CMAKE_DEFINE, where ";" is a separator of its own).
 # After this file:
 #   FLASHCUTE_ARCH_LIST, FLASHCUTE_HEAD_DIM_LIST, FLASHCUTE_DTYPE_LIST  the parsed lists
-#   CMAKE_CUDA_ARCHITECTURES      SASS for every arch, PTX for the newest one
+#   FLASHCUTE_PORTABLE_ARCH_LIST  the arch list with 90a read as 90: what the sm80 (mma.sync)
+#                                 family and every other target build for
+#   FLASHCUTE_SM90A               ON when 90a is listed: the sm90 (wgmma + TMA) family is built
+#   CMAKE_CUDA_ARCHITECTURES      SASS for every portable arch, PTX for the newest one
 # cmake/FlashcuteKernelList.cmake turns the lists into kernels.
 
-set(FLASHCUTE_CUDA_ARCHS "80;90" CACHE STRING
-    "Compute capabilities to build kernels for, 80 or newer (SASS for each, PTX for the newest)")
+set(FLASHCUTE_CUDA_ARCHS "80;90a" CACHE STRING
+    "Compute capabilities to build kernels for, 80 or newer (SASS for each, PTX for the newest); 90a adds the Hopper (wgmma + TMA) forward")
 set(FLASHCUTE_HEAD_DIMS "32;64;96;128;192;256" CACHE STRING
     "Kernel head dims to build, from 32;64;96;128;192;256 (a head dim runs on the next one built)")
 set(FLASHCUTE_DTYPES "fp16;bf16" CACHE STRING "Element types to build: fp16, bf16 or both")
@@ -55,11 +58,29 @@ foreach(a IN LISTS FLASHCUTE_ARCH_LIST)
   endif()
 endforeach()
 list(SORT FLASHCUTE_ARCH_LIST COMPARE NATURAL)
+# 90a (sm_90a: wgmma, setmaxnreg) is 90 plus features that run on compute capability 9.0 only.
+# Its code is not forward-compatible, so only the sm90 family is built for it; everything else
+# builds for 90 in its place, with PTX for the newest portable arch.
+set(FLASHCUTE_SM90A OFF)
+set(FLASHCUTE_PORTABLE_ARCH_LIST "")
+foreach(a IN LISTS FLASHCUTE_ARCH_LIST)
+  if(a STREQUAL "90a")
+    set(FLASHCUTE_SM90A ON)
+    list(APPEND FLASHCUTE_PORTABLE_ARCH_LIST 90)
+  elseif(a MATCHES "^([0-9]+)[af]$")
+    message(FATAL_ERROR "FLASHCUTE_CUDA_ARCHS: '${a}': of the arch-specific targets only 90a is supported "
+                        "(the Hopper forward); name ${CMAKE_MATCH_1} for the portable kernels.")
+  else()
+    list(APPEND FLASHCUTE_PORTABLE_ARCH_LIST ${a})
+  endif()
+endforeach()
+list(REMOVE_DUPLICATES FLASHCUTE_PORTABLE_ARCH_LIST)
+list(SORT FLASHCUTE_PORTABLE_ARCH_LIST COMPARE NATURAL)
 # Targets without a family of their own (tests, examples) build for all of them.
-set(CMAKE_CUDA_ARCHITECTURES "${FLASHCUTE_ARCH_LIST}")
+set(CMAKE_CUDA_ARCHITECTURES "${FLASHCUTE_PORTABLE_ARCH_LIST}")
 list(TRANSFORM CMAKE_CUDA_ARCHITECTURES APPEND "-real")
 list(POP_BACK CMAKE_CUDA_ARCHITECTURES)
-list(GET FLASHCUTE_ARCH_LIST -1 _flashcute_newest_arch)
+list(GET FLASHCUTE_PORTABLE_ARCH_LIST -1 _flashcute_newest_arch)
 list(APPEND CMAKE_CUDA_ARCHITECTURES "${_flashcute_newest_arch}")
 
 message(STATUS "flashcute: archs ${FLASHCUTE_ARCH_LIST} (CUDA_ARCHITECTURES ${CMAKE_CUDA_ARCHITECTURES}), "

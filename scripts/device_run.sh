@@ -9,7 +9,9 @@
 #
 #   test      ctest, then pytest
 #   ctest     ctest --test-dir build/dev (GoogleTest tests, junit xml: $OUT/ctest.xml)
-#   pytest    pytest tests/python -rs (junit xml: $OUT/pytest.xml)
+#   pytest    pytest tests/python -rs (junit xml: $OUT/pytest.xml), on the default forward path
+#   pytest80  the forward tests again with FLASHCUTE_FORWARD_PATH=sm80 (on an H100/H200 the default
+#             runs the sm90 kernels: this runs the same suite on the mma.sync ones)
 #   sanitize  compute-sanitizer memcheck and racecheck around scripts/sanitize.py (docs/sanitizer.md)
 #   bench     python -m flashcute.bench $FC_BENCH_ARGS --out-dir $OUT/bench (docs/benchmarks.md)
 #   ptxas     builds with FLASHCUTE_PTXAS_VERBOSE=ON (-Xptxas=-v) and tabulates registers and spills
@@ -17,7 +19,9 @@
 #
 # Environment:
 #   OUT                where logs and results go (the device machine sets it; default build/device-out)
-#   FC_ARCHS           FLASHCUTE_CUDA_ARCHS, e.g. 80,90 (default 90)
+#   FC_ARCHS           FLASHCUTE_CUDA_ARCHS, e.g. 80,90a (default 90a: the sm80 kernels for 90
+#                      and the Hopper (sm90a) forward)
+#   FC_DEFINES         more CMake options, e.g. "FLASHCUTE_BACKWARD=OFF FLASHCUTE_KVCACHE=OFF"
 #   FC_HEAD_DIMS       FLASHCUTE_HEAD_DIMS, e.g. 64,128 (default all: the CMake default)
 #   FC_DTYPES          FLASHCUTE_DTYPES, e.g. bf16 (default: the CMake default, both)
 #   FC_BENCH_ARGS      arguments for the bench CLI, e.g. "--quick" (default none: the full FA grid)
@@ -40,7 +44,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 STAGES=()
 for arg in "$@"; do
   case "$arg" in
-    ctest | pytest | sanitize | bench | ptxas) STAGES+=("$arg") ;;
+    ctest | pytest | pytest80 | sanitize | bench | ptxas) STAGES+=("$arg") ;;
     test) STAGES+=(ctest pytest) ;;
     all) STAGES+=(ctest pytest sanitize bench ptxas) ;;
     -h | --help) sed -n '2,25p' "${BASH_SOURCE[0]}"; exit 0 ;;
@@ -69,7 +73,7 @@ install_flashcute() {
     RESULT[install]="skipped"
     return
   fi
-  local archs="${FC_ARCHS:-90}" dims="${FC_HEAD_DIMS:-all}"
+  local archs="${FC_ARCHS:-90a}" dims="${FC_HEAD_DIMS:-all}"
   # Lists stay comma-separated: CMake takes "," or ";", and "," survives pip's config settings.
   # PTXAS_VERBOSE is passed either way, so a reused build dir never keeps an earlier setting.
   local ptxas_verbose=OFF
@@ -79,6 +83,8 @@ install_flashcute() {
     -C "cmake.define.FLASHCUTE_PTXAS_VERBOSE=$ptxas_verbose")
   [[ "$dims" != all ]] && args+=(-C "cmake.define.FLASHCUTE_HEAD_DIMS=$dims")
   [[ -n "${FC_DTYPES:-}" ]] && args+=(-C "cmake.define.FLASHCUTE_DTYPES=$FC_DTYPES")
+  local define
+  for define in ${FC_DEFINES:-}; do args+=(-C "cmake.define.$define"); done
   local gtest_dir="$PWD/.deps/gtest/usr/lib/x86_64-linux-gnu/cmake/GTest"
   [[ -d "$gtest_dir" ]] && args+=(-C "cmake.define.GTest_DIR=$gtest_dir")
   echo "+ python3 ${args[*]}"
@@ -100,6 +106,14 @@ stage_pytest() {
   read -r -a targets <<< "${FC_PYTEST_ARGS:-tests/python}"
   python3 -m pytest "${targets[@]}" -rs --junitxml="$OUT/pytest.xml" 2>&1 | tee "$OUT/pytest.log"
   record pytest "${PIPESTATUS[0]}"
+}
+
+stage_pytest80() {
+  banner "pytest, FLASHCUTE_FORWARD_PATH=sm80"
+  local targets=()
+  read -r -a targets <<< "${FC_PYTEST80_ARGS:-tests/python/test_fwd_torch.py tests/python/test_forward_path.py tests/python/test_frameworks.py tests/python/test_torch_op.py}"
+  FLASHCUTE_FORWARD_PATH=sm80 python3 -m pytest "${targets[@]}" -rs --junitxml="$OUT/pytest80.xml" 2>&1 | tee "$OUT/pytest80.log"
+  record pytest80 "${PIPESTATUS[0]}"
 }
 
 stage_sanitize() {
@@ -165,8 +179,8 @@ detail() {  # detail STAGE: one line of what the stage's log says
   case "$1" in
     ctest) echo "$(grep -E 'tests passed|No tests were found' "$OUT/ctest.log" 2>/dev/null | tail -1)" \
          "($(grep -c ' Skipped \| (Skipped)' "$OUT/ctest.log" 2>/dev/null) skipped)" ;;
-    pytest)
-      [[ -f "$OUT/pytest.xml" ]] && python3 - "$OUT/pytest.xml" <<'PY'
+    pytest | pytest80)
+      [[ -f "$OUT/$1.xml" ]] && python3 - "$OUT/$1.xml" <<'PY'
 import sys, xml.etree.ElementTree as ET
 root = ET.parse(sys.argv[1]).getroot()
 suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
@@ -189,8 +203,8 @@ summary() {
   banner "summary"
   local gpu k
   gpu="$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
-  echo "gpu:       ${gpu:-unknown}; FC_ARCHS=${FC_ARCHS:-90} FC_HEAD_DIMS=${FC_HEAD_DIMS:-all}"
-  for k in install ctest pytest memcheck racecheck initcheck synccheck bench ptxas; do
+  echo "gpu:       ${gpu:-unknown}; FC_ARCHS=${FC_ARCHS:-90a} FC_HEAD_DIMS=${FC_HEAD_DIMS:-all}"
+  for k in install ctest pytest pytest80 memcheck racecheck initcheck synccheck bench ptxas; do
     [[ -n "${RESULT[$k]:-}" ]] || continue
     printf '%-10s %s' "$k:" "${RESULT[$k]}"
     [[ $k != install ]] && printf ' -- %s' "$(detail "$k")"
@@ -206,6 +220,7 @@ main() {
   if [[ "${RESULT[install]}" != FAILED* ]]; then
     want ctest && stage_ctest
     want pytest && stage_pytest
+    want pytest80 && stage_pytest80
     want sanitize && stage_sanitize
     want bench && stage_bench
   else

@@ -86,6 +86,8 @@ std::vector<std::tuple<std::string, std::string, std::string, int>> compiled_ker
   return list;
 }
 
+std::string last_forward_path() { return flashcute::arch_name(flashcute::last_forward_arch().load()); }
+
 int kernel_head_dim(int64_t d) {
   if (d <= 0 || d % 8 != 0 || d > flashcute::kMaxHeadDim)
     value_error("headdim must be a multiple of 8 and <= " + std::to_string(flashcute::kMaxHeadDim) + ", got " +
@@ -209,6 +211,9 @@ NB_MODULE(_C, m) {
   m.def("compiled_kernels", &compiled_kernels,
         "The kernels compiled into this build, as (family, direction, dtype, head dim) tuples,\n"
         "e.g. ('sm80', 'fwd', 'bfloat16', 128): the list CMake generated (flashcute/build_config.hpp).");
+  m.def("last_forward_path", &last_forward_path,
+        "The kernel family the last forward launch of this process ran on: 'sm90' (wgmma + TMA, Hopper) or\n"
+        "'sm80' (mma.sync); 'sm80' before any launch. A diagnostic for tests and benchmarks.");
   m.def("kernel_head_dim", &kernel_head_dim, "head_dim"_a,
         "The kernel head dim a user head dim runs on (the smallest compiled one >= head_dim), 0 if none.\n"
         "Raises ValueError unless head_dim is a multiple of 8 in [8, 256].");

@@ -45,6 +45,7 @@ __all__ = [
     "compiled_dtypes",
     "compiled_kernels",
     "kernel_head_dim",
+    "last_forward_path",
 ]
 
 
@@ -75,6 +76,19 @@ def compiled_kernels() -> List[Tuple[str, str, str, int]]:
     """The kernels compiled into this build, as ``(family, direction, dtype, head dim)`` tuples,
     e.g. ``("sm80", "fwd", "bfloat16", 128)``: the list the build generated."""
     return list(_C.compiled_kernels())
+
+
+def last_forward_path() -> str:
+    """The kernel family the last forward launch of this process ran on: ``"sm90"`` (the Hopper
+    wgmma + TMA kernels) or ``"sm80"`` (mma.sync, every GPU from sm80 on; ``"sm80"`` before any).
+
+    On a compute capability 9.0 GPU a forward call runs on the sm90 kernels when the build has them
+    (build option ``FLASHCUTE_CUDA_ARCHS`` naming ``90a``, the default) and TMA can read its arrays
+    (strides multiples of 16 bytes, no varlen or KV cache); ``FLASHCUTE_FORWARD_PATH=sm80`` in the
+    environment keeps every call on the sm80 kernels. Under CUDA-graph capture or torch.compile
+    this reports the launch made at capture time.
+    """
+    return _C.last_forward_path()
 
 
 def kernel_head_dim(head_dim: int) -> int:

@@ -64,6 +64,41 @@ TEST(TileTable, ValidateNamesTheBrokenRule) {
   }
 }
 
+TEST(TileTable, Sm90EveryCatalogHeadDimHasAValidConfig) {
+  for (int hd : flashcute::kKernelHeadDims) {
+    const flashcute::sm90::FwdConfig cfg = flashcute::sm90::default_fwd_config(hd);
+    EXPECT_EQ(cfg.head_dim, hd);
+    const char* err = flashcute::sm90::validate(cfg);
+    EXPECT_EQ(err, nullptr) << "head dim " << hd << ": " << err;
+    EXPECT_LE(cfg.smem_bytes(), 227 * 1024) << "head dim " << hd;
+  }
+}
+
+TEST(TileTable, Sm90ValidateNamesTheBrokenRule) {
+  using flashcute::sm90::FwdConfig;
+  struct Bad {
+    FwdConfig cfg;
+    const char* message;
+  };
+  const Bad cases[] = {
+      {{.head_dim = 48, .block_m = 128, .block_n = 128}, "head_dim must be a multiple of 32, at most 256"},
+      {{.head_dim = 128, .block_m = 64, .block_n = 128}, "block_m must be 128 or 192 (2 or 3 consumer warpgroups)"},
+      {{.head_dim = 128, .block_m = 128, .block_n = 72},
+       "block_n must be a multiple of 16 in [16, 256] (the N of one wgmma and a TMA box)"},
+      {{.head_dim = 128, .block_m = 128, .block_n = 128, .stages = 1},
+       "stages must be >= 2: the producer loads one block while the consumers use another"},
+      {{.head_dim = 256, .block_m = 128, .block_n = 128}, "tiles exceed the 227 KB shared-memory limit"},
+      {{.head_dim = 64, .block_m = 192, .block_n = 64, .producer_regs = 24, .consumer_regs = 240},
+       "the warpgroups' registers exceed the 64K register file"},
+      {{.head_dim = 64, .block_m = 128, .block_n = 64, .producer_regs = 20}, "register counts must be multiples of 8 in [24, 256]"},
+  };
+  for (const Bad& bad : cases) {
+    const char* err = flashcute::sm90::validate(bad.cfg);
+    ASSERT_NE(err, nullptr) << bad.message;
+    EXPECT_STREQ(err, bad.message);
+  }
+}
+
 // ---------------------------------------------------------------------------------------- the list
 
 TEST(KernelList, IsTheProductOfTheBuildOptions) {
@@ -209,6 +244,61 @@ TEST(PlanFwd, StridedViewsAndSizeOneDims) {
   ASSERT_TRUE(plan(a, &p).ok()) << plan(a).message;
   EXPECT_EQ(p.params.q_batch_stride, 0);
   EXPECT_EQ(p.params.o_row_stride, 0);
+}
+
+// Which calls the sm90 (TMA) kernels may take: plan.sm90 is set only where this build has one and
+// TMA can read the arrays; launch() then uses it on a compute capability 9.0 device.
+TEST(PlanFwd, Sm90TakesWhatTmaCanRead) {
+  const int d = built_head_dim();
+  const DType dt = built_dtype();
+  bool sm90_built = false;
+  for (const flashcute::KernelKey& key : flashcute::kCompiledKernels)
+    sm90_built = sm90_built || (key.arch == flashcute::Arch::kSm90 && key.dtype == dt && key.head_dim == d);
+  FwdPlan p;
+  ASSERT_TRUE(plan(good_args(), &p).ok());
+  EXPECT_EQ(p.kernel.arch, flashcute::Arch::kSm80);  // the plan names the portable kernel
+  EXPECT_EQ(flashcute::sm90_can_run(p.params), nullptr);
+  EXPECT_EQ(p.sm90, sm90_built);
+  // The packed-qkv views: strides 3 * heads * d, multiples of 16 bytes.
+  FwdArgs a = good_args();
+  const int64_t row = 3 * 8 * d;
+  a.q = flashcute::tensor_ref(fake(0x100000), dt, {2, 100, 8, d}, {100 * row, row, d, 1});
+  a.k = flashcute::tensor_ref(fake(0x100000 + 2 * 8 * d), dt, {2, 100, 8, d}, {100 * row, row, d, 1});
+  a.v = flashcute::tensor_ref(fake(0x100000 + 2 * 16 * d), dt, {2, 100, 8, d}, {100 * row, row, d, 1});
+  a.lse.reset();
+  ASSERT_TRUE(plan(a, &p).ok());
+  EXPECT_EQ(flashcute::sm90_can_run(p.params), nullptr);
+  // k broadcast over the batch (batch stride 0, as .expand makes it): TMA needs a real stride, so
+  // the sm80 kernel runs it.
+  a = good_args();
+  a.k = flashcute::tensor_ref(fake(0x200000), dt, {2, 120, 2, d}, {0, 2 * d, d, 1});
+  ASSERT_TRUE(plan(a, &p).ok()) << plan(a).message;
+  EXPECT_STREQ(flashcute::sm90_can_run(p.params), "k: a broadcast (0) stride or one of 2^38 elements or more");
+  EXPECT_FALSE(p.sm90);
+  // The same for v's heads.
+  a = good_args();
+  a.v = flashcute::tensor_ref(fake(0x300000), dt, {2, 120, 2, d}, {120 * d, d, 0, 1});
+  ASSERT_TRUE(plan(a, &p).ok()) << plan(a).message;
+  EXPECT_STREQ(flashcute::sm90_can_run(p.params), "v: a broadcast (0) stride or one of 2^38 elements or more");
+  EXPECT_FALSE(p.sm90);
+  // Strides plan_fwd would refuse (not multiples of 8 elements) are refused here too, for params
+  // made by hand.
+  flashcute::FwdParams odd = p.params;
+  odd.q_row_stride = 8 * d + 4;
+  EXPECT_STREQ(flashcute::sm90_can_run(odd), "q: a stride that is not a multiple of 16 bytes");
+  // Size-one dims (stride zeroed by the plan) are fine.
+  a = good_args();
+  a.q = flashcute::tensor_ref(fake(0x100000), dt, {1, 1, 8, d});
+  a.out = flashcute::mutable_tensor_ref(fake_mut(0x400000), dt, {1, 1, 8, d});
+  a.k = flashcute::tensor_ref(fake(0x200000), dt, {1, 120, 2, d});
+  a.v = flashcute::tensor_ref(fake(0x300000), dt, {1, 120, 2, d});
+  a.lse.reset();
+  ASSERT_TRUE(plan(a, &p).ok()) << plan(a).message;
+  EXPECT_EQ(flashcute::sm90_can_run(p.params), nullptr);
+  // No keys: the sm80 kernel writes the zeros.
+  flashcute::FwdParams none = p.params;
+  none.seqlen_k = 0;
+  EXPECT_STREQ(flashcute::sm90_can_run(none), "no keys");
 }
 
 TEST(PlanFwd, EmptyProblems) {

@@ -79,7 +79,7 @@ def test_defaults_are_the_fa_grid():
     assert g.causals == (False, True)
     assert g.dtypes == ("bf16",)
     assert (g.batch, g.nheads, g.nheads_k) == (None, None, None)
-    assert cfg.impls == ("flashcute", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient") == tuple(IMPLS)
+    assert cfg.impls == ("flashcute", "flashcute-sm80", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient") == tuple(IMPLS)
     assert (cfg.warmup, cfg.iters, cfg.seed, cfg.framework) == (10, 30, 0, "auto")
     assert cfg.out_dir == Path("bench-results") and cfg.plot
 
@@ -289,6 +289,7 @@ class FakeFlashcute(Flashcute):
     """flashcute's name and error handling around a fake kernel."""
 
     def __init__(self, fn: Any) -> None:
+        super().__init__()
         self.fn = fn
 
     def prepare(self, point: Point, input_sets: Any, softmax_scale: float) -> Runner:
@@ -355,7 +356,7 @@ def fake_gpu(monkeypatch):
 
 
 SMALL_RUN = "--dtype fp16 --headdims 64,128 --seqlens 64,512 --batch 1 --nheads 2 --nheads-k 1"
-SMALL_RUN += " --warmup 1 --iters 3 --no-plot"
+SMALL_RUN += " --warmup 1 --iters 3 --no-plot --impls flashcute,sdpa-flash,sdpa-cudnn"
 
 
 def test_main_end_to_end_on_a_fake_gpu(fake_gpu, capsys, tmp_path):

@@ -49,4 +49,17 @@ CUTE_DEVICE auto convert_fragment(Tensor const& src) {
   return dst;
 }
 
+// The same into an existing fragment of the same size (a register buffer that must stay put, such
+// as a wgmma operand).
+template <class TensorSrc, class TensorDst>
+CUTE_DEVICE void convert_fragment_into(TensorSrc const& src, TensorDst& dst) {
+  using From = typename std::decay_t<TensorSrc>::value_type;
+  using To = typename std::decay_t<TensorDst>::value_type;
+  constexpr int kN = decltype(cute::size(src))::value;
+  static_assert(decltype(cute::size(dst))::value == kN);
+  cutlass::NumericArrayConverter<To, From, kN> convert;
+  *reinterpret_cast<cutlass::Array<To, kN>*>(dst.data()) =
+      convert(*reinterpret_cast<cutlass::Array<From, kN> const*>(src.data()));
+}
+
 }  // namespace flashcute

@@ -66,6 +66,40 @@ struct OnlineSoftmax {
     }
   }
 
+  // update() in two halves, for a kernel whose P V of the previous block is still in flight while
+  // it exponentiates the next scores (sm90): rescale_scores() turns scores into probabilities and
+  // says how much acc_o must shrink; rescale_o() applies that once the accumulator is settled.
+  template <class Scores>
+  CUTE_DEVICE void rescale_scores(Scores& scores, float (&rescale)[kRows]) {
+    static_assert(decltype(cute::size<0>(scores))::value == kRows);
+    CUTE_UNROLL
+    for (int i = 0; i < kRows; ++i) {
+      float tile_max = row_max[i];
+      CUTE_UNROLL
+      for (int j = 0; j < cute::size<1>(scores); ++j) tile_max = fmaxf(tile_max, scores(i, j));
+      const float new_max = quad_allreduce(tile_max, MaxOp{});
+      const float base = new_max == -INFINITY ? 0.f : new_max * scale_log2;  // as in update()
+      rescale[i] = exp2f(row_max[i] * scale_log2 - base);
+      row_max[i] = new_max;
+      float tile_sum = 0.f;
+      CUTE_UNROLL
+      for (int j = 0; j < cute::size<1>(scores); ++j) {
+        scores(i, j) = exp2f(scores(i, j) * scale_log2 - base);
+        tile_sum += scores(i, j);
+      }
+      row_sum[i] = row_sum[i] * rescale[i] + tile_sum;
+    }
+  }
+
+  template <class AccO>
+  CUTE_DEVICE static void rescale_o(AccO& acc_o, float const (&rescale)[kRows]) {
+    CUTE_UNROLL
+    for (int i = 0; i < kRows; ++i) {
+      CUTE_UNROLL
+      for (int j = 0; j < cute::size<1>(acc_o); ++j) acc_o(i, j) *= rescale[i];
+    }
+  }
+
   // Normalises acc_o and returns each row's natural-log logsumexp in lse[]
   // (-inf, with acc_o zeroed, for rows that saw no visible key).
   template <class AccO>

@@ -31,8 +31,9 @@ constexpr const char* dtype_name(DType d) {
 constexpr const char* dtype_option(DType d) { return d == DType::kFloat16 ? "fp16" : "bf16"; }
 
 // Kernel families. kSm80: mma.sync m16n8k16 + cp.async + ldmatrix; runs on sm80 and every newer
-// GPU. A Hopper family (wgmma + TMA, built for sm90a only) goes beside it as kSm90.
-enum class Arch : uint8_t { kSm80 };
+// GPU. kSm90: wgmma + TMA + warp specialisation, the Hopper forward; built for sm_90a only, it
+// runs on compute capability 9.0 and nowhere else (host/dispatch.hpp picks it there).
+enum class Arch : uint8_t { kSm80, kSm90 };
 
 // kFwd: attention forward; kBwd: its backward (dq, dk, dv); kSplitkv: the forward over a KV
 // cache (flash_attn_with_kvcache): split-KV partials, paged K/V, per-entry cache lengths.
@@ -48,7 +49,7 @@ struct KernelKey {
   friend constexpr bool operator==(const KernelKey&, const KernelKey&) = default;
 };
 
-constexpr const char* arch_name(Arch a) { return a == Arch::kSm80 ? "sm80" : "unknown"; }
+constexpr const char* arch_name(Arch a) { return a == Arch::kSm80 ? "sm80" : a == Arch::kSm90 ? "sm90" : "unknown"; }
 constexpr const char* direction_name(Direction d) {
   return d == Direction::kFwd ? "fwd" : d == Direction::kBwd ? "bwd" : d == Direction::kSplitkv ? "splitkv" : "unknown";
 }

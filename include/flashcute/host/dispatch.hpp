@@ -7,6 +7,9 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <type_traits>
 #include <utility>
 
@@ -28,7 +31,11 @@ constexpr bool takes_params(Direction d) {
 template <KernelKey kKey, class Params>
 Status launch_kernel(const Params& params, cudaStream_t stream) {
   static_assert(takes_params<Params>(kKey.direction));
-  if constexpr (kKey.direction == Direction::kFwd) return sm80::launch_fwd<kKey.dtype, kKey.head_dim>(params, stream);
+  if constexpr (kKey.arch == Arch::kSm90) {
+    static_assert(kKey.direction == Direction::kFwd, "the sm90 family has the forward only");
+    return sm90::launch_fwd<kKey.dtype, kKey.head_dim>(params, stream);
+  } else if constexpr (kKey.direction == Direction::kFwd)
+    return sm80::launch_fwd<kKey.dtype, kKey.head_dim>(params, stream);
   else if constexpr (kKey.direction == Direction::kSplitkv)
     return sm80::launch_splitkv<kKey.dtype, kKey.head_dim>(params, stream);
   else return sm80::launch_bwd<kKey.dtype, kKey.head_dim>(params, stream);
@@ -70,6 +77,56 @@ Status launch_key(const KernelKey& key, const Params& params, cudaStream_t strea
 
 }  // namespace detail
 
+// The forward path: FLASHCUTE_FORWARD_PATH=sm80 keeps every forward on the mma.sync kernels;
+// unset, "auto" or "sm90", a call the Hopper kernels can take runs on them on a compute
+// capability 9.0 device. Read at every launch (getenv: no device call), so tests and benchmarks
+// can switch it between calls.
+enum class ForwardPath : uint8_t { kAuto, kSm80 };
+
+inline Status forward_path_setting(ForwardPath& path) {
+  const char* env = std::getenv("FLASHCUTE_FORWARD_PATH");
+  path = ForwardPath::kAuto;
+  if (env == nullptr || *env == '\0' || !std::strcmp(env, "auto") || !std::strcmp(env, "sm90")) return Status::success();
+  if (!std::strcmp(env, "sm80")) {
+    path = ForwardPath::kSm80;
+    return Status::success();
+  }
+  return Status::invalid_argument("FLASHCUTE_FORWARD_PATH", "auto, sm80 or sm90", env);
+}
+
+// Whether `device` (-1: the current one) has compute capability 9.0, the only GPUs sm_90a code
+// runs on. Cached per device: a launch during CUDA-graph capture makes no extra CUDA call.
+inline bool device_is_sm90(int device = -1) {
+  static std::atomic<int> cached[64] = {};  // 0: not asked yet, 1: no, 2: yes
+  if (device < 0 && cudaGetDevice(&device) != cudaSuccess) return false;
+  if (device < 0) return false;
+  if (device < 64 && cached[device].load(std::memory_order_relaxed) != 0) return cached[device].load() == 2;
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
+    return false;
+  const bool yes = major == 9 && minor == 0;
+  if (device < 64) cached[device].store(yes ? 2 : 1);
+  return yes;
+}
+
+// The kernel family the last forward launch of this process ran on (sm80 before any): a
+// diagnostic for tests and benchmarks, which ask which path a call took.
+inline std::atomic<Arch>& last_forward_arch() {
+  static std::atomic<Arch> arch{Arch::kSm80};
+  return arch;
+}
+
+// The kernel a forward plan runs on the current device: its sm90 twin where that can run.
+inline Status forward_kernel(const FwdPlan& plan, KernelKey& key) {
+  key = plan.kernel;
+  if (!plan.sm90 || key.direction != Direction::kFwd) return Status::success();
+  ForwardPath path;
+  FLASHCUTE_RETURN_IF_ERROR(forward_path_setting(path));
+  if (path == ForwardPath::kAuto && device_is_sm90()) key.arch = Arch::kSm90;
+  return Status::success();
+}
+
 // Launches a plan from plan_bwd() on `stream`. Never synchronises; an empty plan launches nothing.
 template <class Plan>
 Status launch(const Plan& plan, cudaStream_t stream) {
@@ -80,15 +137,24 @@ Status launch(const Plan& plan, cudaStream_t stream) {
 // Launches a plan from plan_fwd(). A KV-cache plan is up to three kernels in stream order: the
 // append of the new keys and values, the attention, and the combine of its split-KV partials.
 inline Status launch(const FwdPlan& plan, cudaStream_t stream) {
-  if (plan.append) FLASHCUTE_RETURN_IF_ERROR(sm80::launch_append_kv<0>(plan.params, plan.append_params, stream));
+  // (A build without the KV-cache kernels (FLASHCUTE_KVCACHE=OFF) has no append or combine either;
+  // plan_fwd refuses its KV-cache calls.)
+  if constexpr (kvcache_compiled()) {
+    if (plan.append) FLASHCUTE_RETURN_IF_ERROR(sm80::launch_append_kv<0>(plan.params, plan.append_params, stream));
+  }
   if (plan.empty) return Status::success();
   if (plan.workspace_floats > 0 && plan.params.o_accum == nullptr)
     return Status::invalid_argument("workspace", "float32 with >= " + std::to_string(plan.workspace_floats) +
                                                      " elements for " + std::to_string(plan.params.num_splits) +
                                                      " key splits", "none (attach_workspace)");
-  FLASHCUTE_RETURN_IF_ERROR(detail::launch_key(plan.kernel, plan.params, stream));
-  if (plan.kernel.direction == Direction::kSplitkv && plan.params.num_splits > 1)
-    return sm80::launch_combine<0>(plan.params, plan.kernel.dtype, stream);
+  KernelKey key;
+  FLASHCUTE_RETURN_IF_ERROR(forward_kernel(plan, key));
+  FLASHCUTE_RETURN_IF_ERROR(detail::launch_key(key, plan.params, stream));
+  if (key.direction == Direction::kFwd) last_forward_arch().store(key.arch, std::memory_order_relaxed);
+  if constexpr (kvcache_compiled()) {
+    if (plan.kernel.direction == Direction::kSplitkv && plan.params.num_splits > 1)
+      return sm80::launch_combine<0>(plan.params, plan.kernel.dtype, stream);
+  }
   return Status::success();
 }
 

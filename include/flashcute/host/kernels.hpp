@@ -17,6 +17,7 @@
 #include "flashcute/common/types.hpp"
 #include "flashcute/sm80/config.hpp"
 #include "flashcute/sm80/config_bwd.hpp"
+#include "flashcute/sm90/config.hpp"
 
 namespace flashcute {
 
@@ -41,6 +42,12 @@ template <int kUnused>
 Status launch_merge(const MergeParams& params, DType dtype, cudaStream_t stream);
 }  // namespace sm80
 
+// The Hopper forward (sm90/launch_fwd.hpp): generated TUs compiled for sm_90a only.
+namespace sm90 {
+template <DType kDType, int kHeadDim>
+Status launch_fwd(const FwdParams& params, cudaStream_t stream);
+}  // namespace sm90
+
 inline constexpr std::size_t kNumCompiledKernels = std::size(kCompiledKernels);
 
 // Every catalog head dim has a tile config, and every listed kernel is a catalog head dim.
@@ -52,6 +59,8 @@ constexpr bool kernel_list_is_consistent() {
       return false;
     if (sm80::default_splitkv_config(hd).head_dim != hd || sm80::validate(sm80::default_splitkv_config(hd)) != nullptr)
       return false;
+    if (sm90::default_fwd_config(hd).head_dim != hd || sm90::validate(sm90::default_fwd_config(hd)) != nullptr)
+      return false;
   }
   for (const KernelKey& key : kCompiledKernels) {
     bool in_catalog = false;
@@ -61,12 +70,19 @@ constexpr bool kernel_list_is_consistent() {
   return true;
 }
 static_assert(kernel_list_is_consistent(),
-              "flashcute/build_config.hpp names a head dim with no valid sm80 tile config (sm80/config.hpp)");
+              "flashcute/build_config.hpp names a head dim with no valid tile config (sm80/config.hpp, sm90/config.hpp)");
 
 // Whether any kernel of this direction and dtype is compiled.
 constexpr bool dtype_compiled(DType dtype, Direction direction = Direction::kFwd) {
   for (const KernelKey& k : kCompiledKernels)
     if (k.direction == direction && k.dtype == dtype) return true;
+  return false;
+}
+
+// Whether the KV-cache kernels (and so its append and combine, src/kvcache.cu) are compiled.
+constexpr bool kvcache_compiled() {
+  for (const KernelKey& k : kCompiledKernels)
+    if (k.direction == Direction::kSplitkv) return true;
   return false;
 }
 

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <string>
 
+#include "flashcute/common/launch.hpp"
 #include "flashcute/host/validate_fwd.hpp"
 #include "flashcute/sm80/config.hpp"
 
@@ -51,17 +52,7 @@ inline Status attach_workspace(FwdPlan& plan, const MutableTensorRef& workspace)
 
 namespace detail {
 
-// The SM count of `device` (the current one if < 0), asked once per device; 0 if it cannot be known.
-inline int device_sms(int device = -1) {
-  static std::atomic<int> cached[64] = {};
-  if (device < 0 && cudaGetDevice(&device) != cudaSuccess) return 0;
-  if (device < 0) return 0;
-  if (device < 64 && cached[device].load(std::memory_order_relaxed) > 0) return cached[device].load();
-  int sms = 0;
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return 0;
-  if (device < 64) cached[device].store(sms);
-  return sms;
-}
+using ::flashcute::device_sms;  // common/launch.hpp
 
 // How many ways to split the keys of each (query tile, head, batch entry): the fewest that keep
 // every SM streaming keys. The model: `ctas` CTAs of n_blocks key blocks on `slots` SMs; s splits

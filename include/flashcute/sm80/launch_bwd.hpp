@@ -13,7 +13,7 @@
 #include "flashcute/host/kernels.hpp"
 #include "flashcute/sm80/config_bwd.hpp"
 #include "flashcute/sm80/kernel_bwd.hpp"
-#include "flashcute/sm80/launch_fwd.hpp"  // allow_smem
+#include "flashcute/common/launch.hpp"
 
 namespace flashcute::sm80 {
 

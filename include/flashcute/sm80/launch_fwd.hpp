@@ -7,9 +7,9 @@
 
 #include <cuda_runtime_api.h>
 
-#include <atomic>
 #include <cstdint>
 
+#include "flashcute/common/launch.hpp"
 #include "flashcute/common/params.hpp"
 #include "flashcute/common/status.hpp"
 #include "flashcute/host/kernels.hpp"
@@ -17,23 +17,6 @@
 #include "flashcute/sm80/kernel_fwd.hpp"
 
 namespace flashcute::sm80 {
-
-// Lets kKernel use smem_bytes of dynamic shared memory (needed above 48 KB). A per-device
-// function attribute: it is set once per device, so that a launch made while a stream is being
-// captured into a CUDA graph (after the usual warm-up) is the only CUDA call.
-template <auto kKernel>
-Status allow_smem(int smem_bytes) {
-  if (smem_bytes <= 48 * 1024) return Status::success();
-  static std::atomic<uint64_t> set_on_devices{0};
-  int device = 0;
-  FLASHCUTE_CUDA_CHECK(cudaGetDevice(&device));
-  const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
-  if (bit == 0 || !(set_on_devices.load(std::memory_order_relaxed) & bit)) {
-    FLASHCUTE_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
-    set_on_devices.fetch_or(bit, std::memory_order_relaxed);
-  }
-  return Status::success();
-}
 
 // Launches the forward kernel built from any FwdTraits (tuning tools use this with non-default
 // configs). Preconditions: what host::plan_fwd guarantees (valid params, 1 <= batch and nheads

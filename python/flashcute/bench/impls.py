@@ -11,6 +11,7 @@ entry in :data:`IMPLS`.
 from __future__ import annotations
 
 import contextlib
+import os
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -81,11 +82,32 @@ def grad_runner(point: Point, input_sets: Sequence[Inputs], attn: Callable[[Any,
     return Runner(calls, douts=douts, **kw)
 
 
+@contextlib.contextmanager
+def forward_path_env(path: str | None):
+    """FLASHCUTE_FORWARD_PATH=path while the block runs (None: leave it as it is)."""
+    if path is None:
+        yield
+        return
+    old = os.environ.get("FLASHCUTE_FORWARD_PATH")
+    os.environ["FLASHCUTE_FORWARD_PATH"] = path
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["FLASHCUTE_FORWARD_PATH"]
+        else:
+            os.environ["FLASHCUTE_FORWARD_PATH"] = old
+
+
 class Flashcute(Impl):
     """flashcute.flash_attn_func, called as users call it. Points whose dtype or head dim was left
-    out of the build (FLASHCUTE_DTYPES / FLASHCUTE_HEAD_DIMS) are unsupported."""
+    out of the build (FLASHCUTE_DTYPES / FLASHCUTE_HEAD_DIMS) are unsupported. The forward's runner
+    records the kernel family that ran (``layout`` "path sm90" or "path sm80"); ``path`` forces one
+    through FLASHCUTE_FORWARD_PATH ("flashcute-sm80": the mma.sync kernels on any GPU)."""
 
-    name = SUBJECT
+    def __init__(self, name: str = SUBJECT, path: str | None = None) -> None:
+        self.name = name
+        self.path = path
 
     def prepare(self, point: Point, input_sets: Sequence[Inputs], softmax_scale: float) -> Runner:
         import flashcute
@@ -108,7 +130,12 @@ class Flashcute(Impl):
                                lambda q, k, v: flashcute.flash_attn_func(q, k, v, softmax_scale=softmax_scale,
                                                                          causal=point.causal))
 
-        return Runner([call(x) for x in input_sets])
+        context = lambda: forward_path_env(self.path)  # noqa: E731
+        calls = [call(x) for x in input_sets]
+        with context():
+            calls[0]()
+            path = flashcute.last_forward_path()
+        return Runner(calls, context=context, layout=f"path {path}")
 
     def is_unsupported_error(self, exc: BaseException) -> bool:
         return isinstance(exc, NotImplementedError)  # flashcute._C's type for "not compiled"
@@ -181,6 +208,7 @@ IMPLS: dict[str, Impl] = {
     impl.name: impl
     for impl in (
         Flashcute(),
+        Flashcute("flashcute-sm80", path="sm80"),
         Sdpa("sdpa-flash", "FLASH_ATTENTION"),
         Sdpa("sdpa-cudnn", "CUDNN_ATTENTION"),
         Sdpa("sdpa-efficient", "EFFICIENT_ATTENTION"),

@@ -1,0 +1,63 @@
+// flashcute/sm90/config.hpp: the static configuration of an sm90a (wgmma + TMA) forward kernel.
+//
+// One FwdConfig value describes a kernel; validate() lists the rules it must follow, and
+// default_fwd_config() is the tile table each kernel head dim is built with. The CTA is one
+// producer warpgroup (its first warp issues the TMA loads) and block_m / 64 consumer warpgroups,
+// each computing 64 query rows with wgmma.
+#pragma once
+
+#include "flashcute/common/types.hpp"
+
+namespace flashcute::sm90 {
+
+struct FwdConfig {
+  int head_dim;    // columns of the Q/K/V tiles in shared memory
+  int block_m;     // query rows per CTA: 64 per consumer warpgroup
+  int block_n;     // keys per main-loop step (the N of Q K^T, the K of P V)
+  int stages = 2;  // K and V shared-memory buffers each: the producer runs this far ahead
+  // Registers per thread after setmaxnreg: the producer gives up what the consumers take.
+  int producer_regs = 24;
+  int consumer_regs = 240;
+  // The consumer warpgroups take turns to issue their GEMMs (two named barriers), so that one's
+  // softmax runs while the other's GEMMs hold the tensor cores (FlashAttention-3's ping-pong).
+  bool pingpong = false;
+
+  constexpr int consumer_warpgroups() const { return block_m / 64; }
+  constexpr int num_threads() const { return 128 * (consumer_warpgroups() + 1); }
+  // Q, then `stages` K tiles and `stages` V tiles, 2-byte elements, plus the barriers.
+  constexpr int smem_bytes() const { return (block_m + 2 * stages * block_n) * head_dim * 2 + 1024; }
+};
+
+// nullptr when cfg is valid, otherwise the first rule it breaks.
+constexpr const char* validate(FwdConfig cfg) {
+  if (cfg.head_dim % 32 != 0 || cfg.head_dim > kMaxHeadDim) return "head_dim must be a multiple of 32, at most 256";
+  if (cfg.block_m != 128 && cfg.block_m != 192) return "block_m must be 128 or 192 (2 or 3 consumer warpgroups)";
+  if (cfg.block_n % 16 != 0 || cfg.block_n < 16 || cfg.block_n > 256)
+    return "block_n must be a multiple of 16 in [16, 256] (the N of one wgmma and a TMA box)";
+  if (cfg.stages < 2) return "stages must be >= 2: the producer loads one block while the consumers use another";
+  if (cfg.smem_bytes() > 227 * 1024) return "tiles exceed the 227 KB shared-memory limit";
+  // setmaxnreg: multiples of 8 in [24, 256], and the CTA's total within the 64K register file.
+  if (cfg.producer_regs % 8 != 0 || cfg.consumer_regs % 8 != 0 || cfg.producer_regs < 24 || cfg.consumer_regs > 256)
+    return "register counts must be multiples of 8 in [24, 256]";
+  if (128 * (cfg.producer_regs + cfg.consumer_warpgroups() * cfg.consumer_regs) > 65536)
+    return "the warpgroups' registers exceed the 64K register file";
+  if (cfg.pingpong && cfg.consumer_warpgroups() != 2) return "pingpong takes turns between exactly 2 consumer warpgroups";
+  return nullptr;
+}
+
+// The tile table. Two consumer warpgroups of 64 rows each; the longest key block whose K and V
+// double buffers fit beside Q, as FlashAttention-3 chose for these head dims (see perf-notes).
+constexpr FwdConfig default_fwd_config(int head_dim) {
+  switch (head_dim) {
+    // Ping-pong at d 96 and 128, not at d 64 (same-machine A/B, perf-notes v26).
+    case 32: return {.head_dim = 32, .block_m = 128, .block_n = 128};
+    case 64: return {.head_dim = 64, .block_m = 128, .block_n = 128};
+    case 96: return {.head_dim = 96, .block_m = 128, .block_n = 128, .pingpong = true};
+    case 128: return {.head_dim = 128, .block_m = 128, .block_n = 128, .pingpong = true};
+    case 192: return {.head_dim = 192, .block_m = 128, .block_n = 96};
+    case 256: return {.head_dim = 256, .block_m = 128, .block_n = 64};
+    default: return {.head_dim = 0, .block_m = 0, .block_n = 0};
+  }
+}
+
+}  // namespace flashcute::sm90

@@ -1,0 +1,343 @@
+// flashcute/sm90/kernel_fwd.hpp: the sm90a forward attention kernel (wgmma + TMA, warp-specialised).
+//
+// A CTA computes BLK_M x D tiles of O, each for one (batch, head): one tile, or, persistent, every
+// gridDim.x-th tile of the list (sm90/launch_fwd.hpp chooses). Warpgroup 0 is the producer: it
+// gives most of its registers away (setmaxnreg) and one thread of its first warp issues the TMA
+// loads, a tile's Q, then its K and V block by block into `stages`-deep rings of shared-memory
+// buffers, each guarded by a pair of mbarriers (full: the TMA's bytes have landed; empty: every
+// consumer warp has finished reading). The other warpgroups are consumers, 64 query rows each:
+// S = Q K^T with both operands read by wgmma from shared memory, the online softmax on the
+// accumulator, then O += P V with P taken from registers; the S of the next block and the P V of
+// this one are in flight together, so the softmax runs under the tensor cores. Blocks are walked
+// from the last to the first, so the ragged and diagonal blocks, the ones that need a mask, come
+// first, as in the sm80 kernel. TMA zero-fills rows and columns outside the arrays, so the loads
+// need no predication.
+//
+// Built only for sm_90a (wgmma and setmaxnreg exist nowhere else); the body is empty on any
+// other target, and the host dispatch never launches it there.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cute/arch/cluster_sm90.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+
+#include "flashcute/common/fragment.hpp"
+#include "flashcute/common/mask.hpp"
+#include "flashcute/common/params.hpp"
+#include "flashcute/common/softmax.hpp"
+#include "flashcute/sm90/traits.hpp"
+
+#define FLASHCUTE_INLINE __attribute__((always_inline))
+
+namespace flashcute::sm90 {
+
+// A wgmma accumulator ((2,2,N/8),MMA_M,MMA_N) as (row, col): ((2,MMA_M),(2,N/8,MMA_N)). Per
+// warp it is the m16n8 accumulator repeated along N: value 0/1 are adjacent columns, value +2
+// is row + 8, the third mode steps 8 columns.
+template <class Layout>
+CUTE_HOST_DEVICE constexpr auto gmma_rowcol_layout(Layout const& acc) {
+  using namespace cute;
+  static_assert(decltype(rank<0>(acc))::value == 3);
+  return make_layout(make_layout(get<0, 1>(acc), get<1>(acc)),
+                     make_layout(get<0, 0>(acc), get<0, 2>(acc), get<2>(acc)));
+}
+
+// The same accumulator as the register A operand of the next wgmma (K = its N):
+// ((2,2,2),MMA_M,(N/16,MMA_N)). Two neighbouring 8-column groups form one k16 slice, in the order
+// the RS wgmma expects (column pair, row + 8, k + 8): a view, no data moves.
+template <class Layout>
+CUTE_HOST_DEVICE constexpr auto gmma_acc_to_a_layout(Layout const& acc) {
+  using namespace cute;
+  auto split = logical_divide(acc, Shape<Shape<_1, _1, _2>, _1, _1>{});  // ((2,2,(2,N/16)),MMA_M,MMA_N)
+  return make_layout(make_layout(get<0, 0>(split), get<0, 1>(split), get<0, 2, 0>(split)), get<1>(split),
+                     make_layout(get<0, 2, 1>(split), get<2>(split)));
+}
+
+// Issues C (+)= A B over every k slice as one wgmma batch (not waited for). kZeroInit: the first
+// slice overwrites C; kARegs: A is a register fragment (RS), not shared-memory descriptors (SS).
+template <bool kZeroInit, bool kARegs, class TiledMma, class TA, class TB, class TC>
+CUTE_DEVICE void wgmma_gemm(TiledMma& tiled_mma, TA const& tCrA, TB const& tCrB, TC& tCrC) {
+  using namespace cute;
+  if constexpr (kARegs) warpgroup_fence_operand(const_cast<TA&>(tCrA));
+  warpgroup_fence_operand(tCrC);
+  warpgroup_arrive();  // the accumulator's (and P's) register writes are visible to wgmma
+  if constexpr (kZeroInit) tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
+  CUTE_UNROLL
+  for (int k = 0; k < size<2>(tCrA); ++k) {
+    cute::gemm(tiled_mma, tCrA(_, _, k), tCrB(_, _, k), tCrC);
+    tiled_mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+  warpgroup_commit_batch();
+  warpgroup_fence_operand(tCrC);
+  if constexpr (kARegs) warpgroup_fence_operand(const_cast<TA&>(tCrA));
+}
+
+template <class Traits>
+__global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_constant__ const FwdKernelParams<Traits> kp) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using namespace cute;
+  using Element = typename Traits::Element;
+  using Barrier = cutlass::arch::ClusterBarrier;
+  using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  constexpr int kStages = Traits::kStages;
+  using TileQ = Shape<Int<kBlockM>, Int<kHeadDim>>;
+  using TileKV = Shape<Int<kBlockN>, Int<kHeadDim>>;
+  using TileVt = Shape<Int<kHeadDim>, Int<kBlockN>>;
+  using TileS = Shape<Int<kBlockM>, Int<kBlockN>>;
+  const FwdParams& params = kp.params;
+
+  extern __shared__ __align__(1024) char smem_buf[];
+  auto& storage = *reinterpret_cast<typename Traits::SharedStorage*>(smem_buf);
+
+  // The tiles, (m_block, head, batch), in the order the sm80 kernel's grid runs them: for each
+  // batch entry and head, its query tiles from the last (heaviest when causal) to the first. CTA c
+  // takes tiles c, c + gridDim.x, ... (the launch makes one CTA per tile where their costs differ,
+  // for causal and window masks, so the hardware's block scheduler balances them).
+  // 32-bit tile arithmetic (sm90_can_run keeps the count below 2^31): a 64-bit division is a
+  // long software routine, and every CTA decodes its first tile before its first load.
+  const unsigned m_blocks = ceil_div(params.seqlen_q, kBlockM);
+  const unsigned num_tiles = m_blocks * unsigned(params.nheads) * unsigned(params.batch);
+  struct Tile {
+    int m_block, head, batch, n_block_min, n_block_max;
+  };
+  const KeyMask mask{params.seqlen_k, params.seqlen_k - params.seqlen_q, params.window_left, params.window_right};
+  auto tile_at = [&](unsigned t) FLASHCUTE_INLINE {
+    Tile tile;
+    const unsigned mh = t / m_blocks;
+    tile.m_block = int(m_blocks - 1 - (t - mh * m_blocks));
+    tile.head = int(mh % unsigned(params.nheads));
+    tile.batch = int(mh / unsigned(params.nheads));
+    // The key blocks any row of the tile can see: [n_block_min, n_block_max); none: O = 0, lse = -inf.
+    const int m0 = tile.m_block * kBlockM;
+    const int key_lo = max(0, mask.key_begin(m0));
+    const int key_hi = mask.key_end(min(m0 + kBlockM, params.seqlen_q) - 1);
+    tile.n_block_min = key_lo / kBlockN;
+    tile.n_block_max = key_hi > key_lo ? ceil_div(key_hi, kBlockN) : tile.n_block_min;
+    return tile;
+  };
+  const int group = params.nheads / params.nheads_k;  // query heads per KV head
+
+  Tensor sQ = make_tensor(make_smem_ptr(storage.q.data()), typename Traits::SmemLayoutQ{});    // (BLK_M,D)
+  Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutK{});    // (BLK_N,D,PIPE)
+  Tensor sVt = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutVt{});  // (D,BLK_N,PIPE)
+
+  const int warp_group = cutlass::canonical_warp_group_idx();
+  const int warp = cutlass::canonical_warp_idx_sync();
+  if (threadIdx.x == 0) {
+    TxBarrier::init(&storage.q_full, 1);
+    Barrier::init(&storage.q_empty, Traits::kConsumerWarpgroups * 4);
+    CUTE_UNROLL
+    for (int s = 0; s < kStages; ++s) {
+      TxBarrier::init(&storage.k_full[s], 1);  // the producer's arrive (with its expected bytes)
+      TxBarrier::init(&storage.v_full[s], 1);
+      Barrier::init(&storage.k_empty[s], Traits::kConsumerWarpgroups * 4);  // one arrive per consumer warp
+      Barrier::init(&storage.v_empty[s], Traits::kConsumerWarpgroups * 4);
+    }
+  }
+  cutlass::arch::fence_barrier_init();
+  // The barriers are initialised before any thread waits on or arrives at them.
+  __syncthreads();
+
+  // Both sides walk the same tiles and blocks and count them the same way: `step` numbers the K/V
+  // blocks across tiles (stage step % kStages, parity (step / kStages) % 2), `q_round` the tiles
+  // that load a Q (parity q_round % 2).
+  auto stage_of = [](int step) { return step % kStages; };
+  auto phase_of = [](int step) { return uint32_t(step / kStages) & 1; };
+
+  if (warp_group == 0) {
+    // Producer. Registers go to the consumers; one thread issues every load.
+    cutlass::arch::warpgroup_reg_dealloc<Traits::kConfig.producer_regs>();
+    if (warp != 0 || !cute::elect_one_sync()) return;
+    Tensor mQ = kp.tma_q.get_tma_tensor(make_shape(params.seqlen_q, params.head_dim, params.nheads, params.batch));
+    Tensor mK = kp.tma_k.get_tma_tensor(make_shape(params.seqlen_k, params.head_dim, params.nheads_k, params.batch));
+    Tensor mVt = kp.tma_v.get_tma_tensor(make_shape(params.head_dim, params.seqlen_k, params.nheads_k, params.batch));
+    int step = 0, q_round = 0;
+    for (unsigned t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+      const Tile tile = tile_at(t);
+      if (tile.n_block_max <= tile.n_block_min) continue;
+      const int head_k = tile.head / group;
+      Tensor gQ = local_tile(mQ(_, _, tile.head, tile.batch), TileQ{}, make_coord(tile.m_block, 0));  // (BLK_M,D)
+      Tensor gK = local_tile(mK(_, _, head_k, tile.batch), TileKV{}, make_coord(_, 0));              // (BLK_N,D,n)
+      Tensor gVt = local_tile(mVt(_, _, head_k, tile.batch), TileVt{}, make_coord(0, _));            // (D,BLK_N,n)
+      auto [tQgQ, tQsQ] = tma_partition(kp.tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ),
+                                        group_modes<0, 2>(gQ));  // (TMA), (TMA)
+      auto [tKgK, tKsK] = tma_partition(kp.tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK),
+                                        group_modes<0, 2>(gK));  // (TMA,n), (TMA,PIPE)
+      auto [tVgV, tVsV] = tma_partition(kp.tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sVt),
+                                        group_modes<0, 2>(gVt));  // (TMA,n), (TMA,PIPE)
+
+      // Every consumer warp has run its last Q K^T of the previous tile (a fresh barrier passes
+      // the wait for parity 1 at once).
+      Barrier::wait(&storage.q_empty, (q_round & 1) ^ 1);
+      TxBarrier::arrive_and_expect_tx(&storage.q_full, Traits::kQBytes);
+      copy(kp.tma_q.with(storage.q_full), tQgQ, tQsQ);
+      ++q_round;
+      for (int n_block = tile.n_block_max - 1; n_block >= tile.n_block_min; --n_block, ++step) {
+        const int stage = stage_of(step);
+        // The stage's previous tiles (step - kStages) have been read by every consumer warp.
+        Barrier::wait(&storage.k_empty[stage], phase_of(step) ^ 1);
+        TxBarrier::arrive_and_expect_tx(&storage.k_full[stage], Traits::kKvBytes);
+        copy(kp.tma_k.with(storage.k_full[stage]), tKgK(_, n_block), tKsK(_, stage));
+        Barrier::wait(&storage.v_empty[stage], phase_of(step) ^ 1);
+        TxBarrier::arrive_and_expect_tx(&storage.v_full[stage], Traits::kKvBytes);
+        copy(kp.tma_v.with(storage.v_full[stage]), tVgV(_, n_block), tVsV(_, stage));
+      }
+    }
+    return;
+  }
+
+  // Consumers: 64 query rows per warpgroup.
+  cutlass::arch::warpgroup_reg_alloc<Traits::kConfig.consumer_regs>();
+  const int mma_tid = int(threadIdx.x) - 128;
+  typename Traits::TiledMmaQK mma_qk;
+  typename Traits::TiledMmaPV mma_pv;
+  auto thr_qk = mma_qk.get_thread_slice(mma_tid);
+  auto thr_pv = mma_pv.get_thread_slice(mma_tid);
+  Tensor tSrQ = thr_qk.partition_fragment_A(sQ);   // (MMA,MMA_M,MMA_K) smem descriptors
+  Tensor tSrK = thr_qk.partition_fragment_B(sK);   // (MMA,MMA_N,MMA_K,PIPE)
+  Tensor tOrV = thr_pv.partition_fragment_B(sVt);  // (MMA,MMA_D,MMA_N,PIPE)
+  Tensor acc_o = partition_fragment_C(mma_pv, TileQ{});  // ((2,2,D/8),MMA_M,MMA_D), fp32
+  Tensor acc_o_rc = make_tensor(acc_o.data(), gmma_rowcol_layout(acc_o.layout()));  // ((2,MMA_M),(2,D/8,MMA_D))
+  Tensor tScS = thr_qk.partition_C(make_identity_tensor(TileS{}));                  // ((2,2,N/8),MMA_M,MMA_N) -> (row,col)
+  Tensor tScS_rc = make_tensor(tScS.data(), gmma_rowcol_layout(tScS.layout()));    // ((2,MMA_M),(2,N/8,MMA_N))
+  Tensor tOcO = thr_pv.partition_C(make_identity_tensor(TileQ{}));                  // ((2,2,D/8),MMA_M,MMA_D) -> (row,col)
+  Tensor tOcO_rc = make_tensor(tOcO.data(), gmma_rowcol_layout(tOcO.layout()));    // ((2,MMA_M),(2,D/8,MMA_D))
+
+  CUTE_STATIC_ASSERT_V(size<1>(acc_o) == _1{});                  // one 64-row atom per warpgroup
+  CUTE_STATIC_ASSERT_V(size<2>(tSrQ) == Int<kHeadDim / 16>{});   // k16 slices of the head dim
+  CUTE_STATIC_ASSERT_V(size<2>(tOrV) == Int<kBlockN / 16>{});    // k16 slices of a key block
+
+  const bool use_softcap = params.softcap > 0.f;
+  const float softcap_prescale = use_softcap ? params.softmax_scale / params.softcap : 0.f;
+  constexpr float kLog2e = 1.4426950408889634f;
+  const float scale_log2 = (use_softcap ? params.softcap : params.softmax_scale) * kLog2e;
+  constexpr int kRows = decltype(size<0>(acc_o_rc))::value;
+
+  // Ping-pong: consumer warpgroup wg may issue its GEMMs once the other has issued its own
+  // (named barrier wg: 128 threads wait, the other's 128 arrive); warpgroup 0 goes first.
+  const int wg = warp_group - 1;
+  constexpr bool kPingpong = Traits::kConfig.pingpong;
+  auto my_turn = [&] {
+    if constexpr (kPingpong) cutlass::arch::NamedBarrier::sync(256, wg);
+  };
+  auto pass_turn = [&] {
+    if constexpr (kPingpong) cutlass::arch::NamedBarrier::arrive(256, 1 - wg);
+  };
+  if (wg == 1) pass_turn();
+
+  // Tells the producer this warp is done reading a buffer: after its wgmma have completed
+  // (warpgroup_wait) and every lane is past them.
+  auto release = [&](uint64_t& empty) FLASHCUTE_INLINE {
+    __syncwarp();
+    if (cute::elect_one_sync()) Barrier::arrive(&empty);
+  };
+
+  // S and P live across main-loop steps: while the tensor cores compute the next block's S and
+  // this block's P V, the softmax of the next block waits only for its S.
+  Tensor acc_s = partition_fragment_C(mma_qk, TileS{});                            // ((2,2,N/8),MMA_M,MMA_N), fp32
+  Tensor scores = make_tensor(acc_s.data(), gmma_rowcol_layout(acc_s.layout()));  // ((2,MMA_M),(2,N/8,MMA_N))
+  Tensor rP = make_fragment_like<Element>(acc_s);                                 // ((2,2,N/8),MMA_M,MMA_N)
+  Tensor tOrP = make_tensor(rP.data(), gmma_acc_to_a_layout(rP.layout()));        // ((2,2,2),MMA_M,(N/16,MMA_N))
+  float rescale[kRows];
+
+  int step = 0, q_round = 0;
+  for (unsigned t = blockIdx.x; t < num_tiles; t += gridDim.x) {
+    const Tile tile = tile_at(t);
+    const int m0 = tile.m_block * kBlockM;
+    OnlineSoftmax<kRows> softmax(scale_log2);
+    clear(acc_o);
+
+    // Softcap, mask and exponentiate block n_block's scores (acc_s), and say how much O must shrink.
+    auto scores_to_probs = [&](int n_block) FLASHCUTE_INLINE {
+      const int n0 = n_block * kBlockN;
+      if (use_softcap) {
+        CUTE_UNROLL
+        for (int j = 0; j < size(acc_s); ++j) acc_s(j) = tanhf(acc_s(j) * softcap_prescale);
+      }
+      if (mask.tile_needs_mask(m0, kBlockM, n0, kBlockN)) mask.apply(scores, tScS_rc, m0, n0);
+      softmax.rescale_scores(scores, rescale);
+    };
+
+    if (tile.n_block_max > tile.n_block_min) {
+      TxBarrier::wait(&storage.q_full, q_round & 1);
+      ++q_round;
+      // The first (last, possibly ragged) block: S, then its probabilities; O is still zero.
+      TxBarrier::wait(&storage.k_full[stage_of(step)], phase_of(step));
+      my_turn();
+      wgmma_gemm<true, false>(mma_qk, tSrQ, tSrK(_, _, _, stage_of(step)), acc_s);
+      pass_turn();
+      warpgroup_wait<0>();
+      release(storage.k_empty[stage_of(step)]);
+      scores_to_probs(tile.n_block_max - 1);
+      convert_fragment_into(acc_s, rP);
+      ++step;
+
+      // At each step, S of block n_block and O += P V of the block before it, both in flight at
+      // once; the softmax of S runs while P V still computes.
+      for (int n_block = tile.n_block_max - 2; n_block >= tile.n_block_min; --n_block, ++step) {
+        TxBarrier::wait(&storage.k_full[stage_of(step)], phase_of(step));
+        TxBarrier::wait(&storage.v_full[stage_of(step - 1)], phase_of(step - 1));
+        my_turn();
+        wgmma_gemm<true, false>(mma_qk, tSrQ, tSrK(_, _, _, stage_of(step)), acc_s);
+        wgmma_gemm<false, true>(mma_pv, tOrP, tOrV(_, _, _, stage_of(step - 1)), acc_o);
+        pass_turn();
+        warpgroup_wait<1>();  // S is done (P V, committed after it, may still run)
+        release(storage.k_empty[stage_of(step)]);
+        scores_to_probs(n_block);
+        warpgroup_wait<0>();  // P V is done: O may be rescaled, and P's registers rewritten
+        release(storage.v_empty[stage_of(step - 1)]);
+        softmax.rescale_o(acc_o_rc, rescale);
+        convert_fragment_into(acc_s, rP);
+      }
+      // Every Q K^T of the tile is done: the producer may load the next tile's Q.
+      release(storage.q_empty);
+      // The last P V.
+      TxBarrier::wait(&storage.v_full[stage_of(step - 1)], phase_of(step - 1));
+      wgmma_gemm<false, true>(mma_pv, tOrP, tOrV(_, _, _, stage_of(step - 1)), acc_o);
+      warpgroup_wait<0>();
+      release(storage.v_empty[stage_of(step - 1)]);
+    }
+
+    // Epilogue: normalise, then each thread stores its column pairs straight to global memory.
+    float lse[kRows];
+    softmax.finalize(acc_o_rc, lse);
+    auto* o_ptr =
+        static_cast<Element*>(params.o) + tile.batch * params.o_batch_stride + tile.head * params.o_head_stride;
+    Tensor rO = convert_fragment<Element>(acc_o);                           // ((2,2,D/8),MMA_M,MMA_D)
+    Tensor rO_rc = make_tensor(rO.data(), gmma_rowcol_layout(rO.layout()));  // ((2,MMA_M),(2,D/8,MMA_D))
+    CUTE_UNROLL
+    for (int r = 0; r < size<0>(rO_rc); ++r) {
+      const int row = m0 + get<0>(tOcO_rc(r, 0));
+      if (row >= params.seqlen_q) continue;
+      Element* o_row = o_ptr + int64_t(row) * params.o_row_stride;
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(rO_rc); c += 2) {  // (c, c + 1): adjacent columns, one 4-byte store
+        const int col = get<1>(tOcO_rc(r, c));
+        if (col < params.head_dim) {
+          Element pair[2] = {rO_rc(r, c), rO_rc(r, c + 1)};
+          *reinterpret_cast<uint32_t*>(o_row + col) = *reinterpret_cast<uint32_t*>(pair);
+        }
+      }
+    }
+    if (params.lse != nullptr && get<1>(tOcO_rc(0, 0)) == 0) {  // one thread of each row's quad
+      float* lse_ptr = params.lse + tile.batch * params.lse_batch_stride + tile.head * params.lse_head_stride;
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        const int row = m0 + get<0>(tOcO_rc(r, 0));
+        if (row < params.seqlen_q) lse_ptr[row] = lse[r];
+      }
+    }
+  }
+  // Warpgroup 1 passed the turn once more than warpgroup 0 took it (its first pass, before any
+  // GEMM): take it, so that no arrival is left pending on the barrier.
+  if (wg == 0) my_turn();
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+}
+
+}  // namespace flashcute::sm90
+
+#undef FLASHCUTE_INLINE

@@ -1,0 +1,82 @@
+// flashcute/sm90/launch_fwd.hpp: host-side launch of one sm90a forward kernel.
+//
+// Defines sm90::launch_fwd<dtype, head dim>, which host/kernels.hpp declares; a generated
+// translation unit, compiled for sm_90a only, includes this header and instantiates one. The TMA
+// descriptors are encoded here, on the host, from the params (cuTensorMapEncodeTiled, reached
+// through the runtime's driver entry point: nothing links libcuda), and travel to the kernel as
+// __grid_constant__ parameters. Encoding reads no device memory and enqueues nothing, so a launch
+// can be captured into a CUDA graph. host/validate_fwd.hpp (sm90_can_run) has checked what TMA
+// needs: 16-byte aligned bases and strides, no zero stride, at least one key.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "flashcute/common/launch.hpp"
+#include "flashcute/common/params.hpp"
+#include "flashcute/common/status.hpp"
+#include "flashcute/sm90/config.hpp"
+#include "flashcute/sm90/kernel_fwd.hpp"
+
+namespace flashcute::sm90 {
+
+// A TMA descriptor needs a valid stride for every dim, also for one of extent 1, where the
+// params hold 0 (it never multiplies a non-zero index): any multiple of 16 bytes does.
+inline int64_t tma_stride(int64_t stride) { return stride != 0 ? stride : 8; }
+
+template <class Traits>
+FwdKernelParams<Traits> make_kernel_params(const FwdParams& p) {
+  using namespace cute;
+  using Element = typename Traits::Element;
+  auto q = make_tensor(make_gmem_ptr(static_cast<Element const*>(p.q)),
+                       make_shape(p.seqlen_q, p.head_dim, p.nheads, p.batch),
+                       make_stride(tma_stride(p.q_row_stride), _1{}, tma_stride(p.q_head_stride),
+                                   tma_stride(p.q_batch_stride)));  // (Sq,d,H,B)
+  auto k = make_tensor(make_gmem_ptr(static_cast<Element const*>(p.k)),
+                       make_shape(p.seqlen_k, p.head_dim, p.nheads_k, p.batch),
+                       make_stride(tma_stride(p.k_row_stride), _1{}, tma_stride(p.k_head_stride),
+                                   tma_stride(p.k_batch_stride)));  // (Sk,d,Hk,B)
+  auto vt = make_tensor(make_gmem_ptr(static_cast<Element const*>(p.v)),
+                        make_shape(p.head_dim, p.seqlen_k, p.nheads_k, p.batch),
+                        make_stride(_1{}, tma_stride(p.v_row_stride), tma_stride(p.v_head_stride),
+                                    tma_stride(p.v_batch_stride)));  // (d,Sk,Hk,B)
+  return FwdKernelParams<Traits>{
+      p,
+      make_tma_copy(SM90_TMA_LOAD{}, q, typename Traits::SmemLayoutQ{}),
+      make_tma_copy(SM90_TMA_LOAD{}, k, take<0, 2>(typename Traits::SmemLayoutK{})),
+      make_tma_copy(SM90_TMA_LOAD{}, vt, take<0, 2>(typename Traits::SmemLayoutVt{})),
+  };
+}
+
+// Launches the kernel built from any FwdTraits. Preconditions: what plan_fwd guarantees, and
+// sm90_can_run(params).
+template <class Traits>
+Status launch_fwd_with(const FwdParams& params, cudaStream_t stream) {
+  constexpr int kSmem = Traits::kSmemBytes;
+  constexpr auto kernel = &fwd_kernel<Traits>;
+  if (Status st = allow_smem<kernel>(kSmem); !st.ok()) return st;
+  const FwdKernelParams<Traits> kp = make_kernel_params<Traits>(params);
+  // Without a mask every tile costs the same: one persistent CTA per SM walks them, and its
+  // producer loads the next tile's Q and first keys while the consumers finish the last. Causal
+  // and window tiles differ in length: one CTA each, heaviest first, balanced by the hardware.
+  const int64_t m_blocks = (params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
+  const int64_t tiles = m_blocks * params.nheads * params.batch;
+  int64_t ctas = tiles;
+  if (params.window_left < 0 && params.window_right < 0) {
+    const int sms = device_sms();
+    if (sms > 0 && sms < ctas) ctas = sms;
+  }
+  kernel<<<dim3(unsigned(ctas)), Traits::kNThreads, kSmem, stream>>>(kp);
+  FLASHCUTE_CUDA_CHECK(cudaGetLastError());
+  return Status::success();
+}
+
+// The kernel of the list (flashcute/build_config.hpp): the tile table's config for kHeadDim.
+template <DType kDType, int kHeadDim>
+Status launch_fwd(const FwdParams& params, cudaStream_t stream) {
+  static_assert(validate(default_fwd_config(kHeadDim)) == nullptr, "no valid sm90 config for this head dim");
+  return launch_fwd_with<FwdTraits<kDType, default_fwd_config(kHeadDim)>>(params, stream);
+}
+
+}  // namespace flashcute::sm90

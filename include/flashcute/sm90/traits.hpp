@@ -1,0 +1,119 @@
+// flashcute/sm90/traits.hpp: everything an sm90a forward kernel derives from its FwdConfig.
+//
+// The wgmma tiled MMAs (Q K^T from shared memory, P V with P in registers), the shared-memory
+// layouts they read (GMMA swizzle atoms, V used MN-major as it lies in memory, no transpose), and
+// the TMA copies that fill them. The kernel body only uses these.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cute/arch/copy_sm90_tma.hpp>
+#include <cute/arch/mma_sm90.hpp>
+#include <cute/atom/copy_traits_sm90_tma.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+
+#include "flashcute/common/element.hpp"
+#include "flashcute/common/params.hpp"
+#include "flashcute/sm90/config.hpp"
+
+namespace flashcute::sm90 {
+
+// The widest GMMA swizzle atom that tiles a (rows, cols) tile: 128 B rows where the contiguous
+// extent allows, else 64 B or 32 B. kMajor says which extent is contiguous (K: cols; MN: rows).
+template <class Element, cute::GMMA::Major kMajor, int kContiguous>
+constexpr auto gmma_smem_atom() {
+  using namespace cute;
+  constexpr bool kK = kMajor == GMMA::Major::K;
+  if constexpr (kContiguous % 64 == 0) {
+    if constexpr (kK) return GMMA::Layout_K_SW128_Atom<Element>{};
+    else return GMMA::Layout_MN_SW128_Atom<Element>{};
+  } else if constexpr (kContiguous % 32 == 0) {
+    if constexpr (kK) return GMMA::Layout_K_SW64_Atom<Element>{};
+    else return GMMA::Layout_MN_SW64_Atom<Element>{};
+  } else {
+    static_assert(kContiguous % 16 == 0, "a GMMA tile needs 16-element (32 B) rows");
+    if constexpr (kK) return GMMA::Layout_K_SW32_Atom<Element>{};
+    else return GMMA::Layout_MN_SW32_Atom<Element>{};
+  }
+}
+
+template <DType kDType, FwdConfig kCfg>
+struct FwdTraits {
+  static_assert(validate(kCfg) == nullptr, "invalid sm90 FwdConfig: see flashcute::sm90::validate");
+  using Element = typename ElementOf<kDType>::type;
+
+  static constexpr FwdConfig kConfig = kCfg;
+  static constexpr int kBlockM = kCfg.block_m;
+  static constexpr int kBlockN = kCfg.block_n;
+  static constexpr int kHeadDim = kCfg.head_dim;
+  static constexpr int kStages = kCfg.stages;
+  static constexpr int kConsumerWarpgroups = kCfg.consumer_warpgroups();
+  static constexpr int kNThreads = kCfg.num_threads();
+  static constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
+
+  using BlkM = cute::Int<kBlockM>;
+  using BlkN = cute::Int<kBlockN>;
+  using HeadDim = cute::Int<kHeadDim>;
+
+  // One 64-row wgmma atom per consumer warpgroup, stacked along M.
+  using AtomLayout = cute::Layout<cute::Shape<cute::Int<kConsumerWarpgroups>, cute::_1, cute::_1>>;
+  // S = Q K^T: (BLK_M,BLK_N) over K = D; both operands K-major in shared memory.
+  using TiledMmaQK = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<Element, Element, float, cute::Shape<BlkM, BlkN, HeadDim>>(), AtomLayout{}));
+  // O += P V: (BLK_M,D) over K = BLK_N; P from registers, V MN-major (d contiguous, as stored).
+  using TiledMmaPV = decltype(cute::make_tiled_mma(
+      cute::GMMA::rs_op_selector<Element, Element, float, cute::Shape<BlkM, HeadDim, BlkN>, cute::GMMA::Major::K,
+                                 cute::GMMA::Major::MN>(),
+      AtomLayout{}));
+
+  using SmemLayoutQ = decltype(cute::tile_to_shape(gmma_smem_atom<Element, cute::GMMA::Major::K, kHeadDim>(),
+                                                   cute::Shape<BlkM, HeadDim>{}));  // (BLK_M,D)
+  using SmemLayoutK = decltype(cute::tile_to_shape(gmma_smem_atom<Element, cute::GMMA::Major::K, kHeadDim>(),
+                                                   cute::Shape<BlkN, HeadDim, cute::Int<kStages>>{}));  // (BLK_N,D,PIPE)
+  // V^T: (D,BLK_N,PIPE), d contiguous; atoms tile along the keys first.
+  using SmemLayoutVt = decltype(cute::tile_to_shape(gmma_smem_atom<Element, cute::GMMA::Major::MN, kHeadDim>(),
+                                                    cute::Shape<HeadDim, BlkN, cute::Int<kStages>>{},
+                                                    cute::Step<cute::_2, cute::_1, cute::_3>{}));
+
+  // Global tensors as the TMA descriptors see them: (seqlen, d, head, batch) for Q and K,
+  // (d, seqlen, head, batch) for V (the transposed view of the same memory).
+  using ShapeQKV = cute::Shape<int32_t, int32_t, int32_t, int32_t>;
+  using StrideQK = cute::Stride<int64_t, cute::_1, int64_t, int64_t>;
+  using StrideVt = cute::Stride<cute::_1, int64_t, int64_t, int64_t>;
+  using GmemQK = decltype(cute::make_tensor(cute::make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{},
+                                            StrideQK{}));
+  using GmemVt = decltype(cute::make_tensor(cute::make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{},
+                                            StrideVt{}));
+  using TmaQ = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemQK{}, SmemLayoutQ{}));
+  using TmaK = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemQK{}, cute::take<0, 2>(SmemLayoutK{})));
+  using TmaV = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemVt{}, cute::take<0, 2>(SmemLayoutVt{})));
+
+  // Bytes one TMA load of a tile writes (out-of-bounds elements are zero-filled and count too).
+  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kKvBytes = kBlockN * kHeadDim * sizeof(Element);
+
+  struct SharedStorage {
+    // 1024 B alignment: the 128 B swizzle pattern repeats every 8 rows of 128 B.
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> q;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>, 1024> k;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutVt>, 1024> v;
+    uint64_t q_full;            // Q landed (transaction barrier)
+    uint64_t q_empty;           // every consumer warp is done with Q (persistent CTAs reload it)
+    uint64_t k_full[kStages];   // K stage landed (transaction barrier)
+    uint64_t k_empty[kStages];  // every consumer warp is done reading the K stage
+    uint64_t v_full[kStages];
+    uint64_t v_empty[kStages];
+  };
+  static constexpr int kSmemBytes = int(sizeof(SharedStorage));
+  static_assert(kSmemBytes <= 227 * 1024, "shared storage exceeds 227 KB");
+};
+
+// What the kernel receives: the plain params and the three TMA descriptors built from them.
+template <class Traits>
+struct FwdKernelParams {
+  FwdParams params;
+  typename Traits::TmaQ tma_q;
+  typename Traits::TmaK tma_k;
+  typename Traits::TmaV tma_v;
+};
+
+}  // namespace flashcute::sm90
