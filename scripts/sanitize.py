@@ -260,11 +260,14 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             if args.sync_each:
                 torch.cuda.synchronize()
-            launched.append((case, dname, dtype, inputs, out, lse))
+            # Which forward kernels ran it: sm90 (wgmma + TMA) on an H100/H200 with them built.
+            launched.append((case, dname, dtype, inputs, out, lse, flashcute.last_forward_path()))
     torch.cuda.synchronize()
 
     passed = 0
-    for case, dname, dtype, inputs, out, lse in launched:
+    paths: dict[str, int] = {}
+    for case, dname, dtype, inputs, out, lse, path in launched:
+        paths[path] = paths.get(path, 0) + 1
         ok, note = check(case, dtype, inputs, out, lse)
         if ok and args.backward:
             ok, bwd_note = check_backward(case, inputs, out, lse)
@@ -273,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
         if not ok:
             failed.append((case, dname, note))
         else:
-            print(f"PASS {dname} {case.name:22s} {case.describe()}: {note}", flush=True)
+            print(f"PASS {dname} {case.name:22s} [{path}] {case.describe()}: {note}", flush=True)
     if args.kvcache:
         for ci, kv_case in enumerate(c for c in KV_CASES if args.only in c.name):
             for dname in dtypes:
@@ -292,7 +295,9 @@ def main(argv: list[str] | None = None) -> int:
     for case, dname, note in failed:
         print(f"FAIL {dname} {case.name:22s} {case.describe()}: {note}", flush=True)
     print(
-        f"sanitize.py: {passed} cases passed, {len(failed)} failed, {len(skipped)} skipped (not compiled)", flush=True
+        f"sanitize.py: {passed} cases passed, {len(failed)} failed, {len(skipped)} skipped (not compiled); "
+        f"forward kernels: " + ", ".join(f"{n} on {p}" for p, n in sorted(paths.items())),
+        flush=True,
     )
     return 1 if failed else 0
 

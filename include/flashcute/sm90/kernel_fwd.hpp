@@ -93,22 +93,30 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
   extern __shared__ __align__(1024) char smem_buf[];
   auto& storage = *reinterpret_cast<typename Traits::SharedStorage*>(smem_buf);
 
-  // The tiles, (m_block, head, batch), in the order the sm80 kernel's grid runs them: for each
-  // batch entry and head, its query tiles from the last (heaviest when causal) to the first. CTA c
-  // takes tiles c, c + gridDim.x, ... (the launch makes one CTA per tile where their costs differ,
-  // for causal and window masks, so the hardware's block scheduler balances them).
-  // 32-bit tile arithmetic (sm90_can_run keeps the count below 2^31): a 64-bit division is a
-  // long software routine, and every CTA decodes its first tile before its first load.
+  // The work, in units of one tile (m_block, head, batch) or, with kp.pair_tiles (causal), two:
+  // query tiles p and m_blocks - 1 - p of one head, whose key blocks add up to the same count for
+  // every p. Units run in the order the sm80 kernel's grid runs its tiles (for each batch entry
+  // and head, from the last, heaviest, query tile to the first), so the CTAs at work at one time
+  // share K and V in L2. CTA c takes units c, c + gridDim.x, ...: the launch makes one CTA per
+  // SM where the units cost the same (no mask; causal pairs), else one per unit (windows), for
+  // the hardware's block scheduler to balance.
+  // 32-bit arithmetic (sm90_can_run keeps the count below 2^31): a 64-bit division is a long
+  // software routine, and every CTA decodes its first unit before its first load.
   const unsigned m_blocks = ceil_div(params.seqlen_q, kBlockM);
-  const unsigned num_tiles = m_blocks * unsigned(params.nheads) * unsigned(params.batch);
+  const unsigned unit_m = kp.pair_tiles ? (m_blocks + 1) / 2 : m_blocks;  // units per (head, batch)
+  const unsigned num_units = unit_m * unsigned(params.nheads) * unsigned(params.batch);
+  const int tiles_per_unit = kp.pair_tiles ? 2 : 1;
   struct Tile {
+    bool valid;  // false: the second tile of the middle pair, which is its first
     int m_block, head, batch, n_block_min, n_block_max;
   };
   const KeyMask mask{params.seqlen_k, params.seqlen_k - params.seqlen_q, params.window_left, params.window_right};
-  auto tile_at = [&](unsigned t) FLASHCUTE_INLINE {
+  auto tile_at = [&](unsigned u, unsigned j) FLASHCUTE_INLINE {
     Tile tile;
-    const unsigned mh = t / m_blocks;
-    tile.m_block = int(m_blocks - 1 - (t - mh * m_blocks));
+    const unsigned mh = u / unit_m;
+    const int p = int(u - mh * unit_m);
+    tile.m_block = j == 0 ? int(m_blocks) - 1 - p : p;
+    tile.valid = j == 0 || tile.m_block != int(m_blocks) - 1 - p;
     tile.head = int(mh % unsigned(params.nheads));
     tile.batch = int(mh / unsigned(params.nheads));
     // The key blocks any row of the tile can see: [n_block_min, n_block_max); none: O = 0, lse = -inf.
@@ -118,6 +126,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
     tile.n_block_min = key_lo / kBlockN;
     tile.n_block_max = key_hi > key_lo ? ceil_div(key_hi, kBlockN) : tile.n_block_min;
     return tile;
+  };
+  // This CTA's walk: tile j of unit u, then the unit's next tile, then the next unit.
+  auto next_tile = [&](unsigned& u, unsigned& j) FLASHCUTE_INLINE {
+    if (++j == unsigned(tiles_per_unit)) j = 0, u += gridDim.x;
   };
   const int group = params.nheads / params.nheads_k;  // query heads per KV head
 
@@ -156,9 +168,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
     Tensor mK = kp.tma_k.get_tma_tensor(make_shape(params.seqlen_k, params.head_dim, params.nheads_k, params.batch));
     Tensor mVt = kp.tma_v.get_tma_tensor(make_shape(params.head_dim, params.seqlen_k, params.nheads_k, params.batch));
     int step = 0, q_round = 0;
-    for (unsigned t = blockIdx.x; t < num_tiles; t += gridDim.x) {
-      const Tile tile = tile_at(t);
-      if (tile.n_block_max <= tile.n_block_min) continue;
+    for (unsigned u = blockIdx.x, j = 0; u < num_units; next_tile(u, j)) {
+      const Tile tile = tile_at(u, j);
+      if (!tile.valid || tile.n_block_max <= tile.n_block_min) continue;
       const int head_k = tile.head / group;
       Tensor gQ = local_tile(mQ(_, _, tile.head, tile.batch), TileQ{}, make_coord(tile.m_block, 0));  // (BLK_M,D)
       Tensor gK = local_tile(mK(_, _, head_k, tile.batch), TileKV{}, make_coord(_, 0));              // (BLK_N,D,n)
@@ -245,8 +257,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
   float rescale[kRows];
 
   int step = 0, q_round = 0;
-  for (unsigned t = blockIdx.x; t < num_tiles; t += gridDim.x) {
-    const Tile tile = tile_at(t);
+  for (unsigned u = blockIdx.x, j = 0; u < num_units; next_tile(u, j)) {
+    const Tile tile = tile_at(u, j);
+    if (!tile.valid) continue;
     const int m0 = tile.m_block * kBlockM;
     OnlineSoftmax<kRows> softmax(scale_log2);
     clear(acc_o);

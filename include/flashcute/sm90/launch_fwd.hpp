@@ -43,6 +43,7 @@ FwdKernelParams<Traits> make_kernel_params(const FwdParams& p) {
                                     tma_stride(p.v_batch_stride)));  // (d,Sk,Hk,B)
   return FwdKernelParams<Traits>{
       p,
+      p.window_left < 0 && p.window_right == 0,  // causal: pairs of tiles
       make_tma_copy(SM90_TMA_LOAD{}, q, typename Traits::SmemLayoutQ{}),
       make_tma_copy(SM90_TMA_LOAD{}, k, take<0, 2>(typename Traits::SmemLayoutK{})),
       make_tma_copy(SM90_TMA_LOAD{}, vt, take<0, 2>(typename Traits::SmemLayoutVt{})),
@@ -57,13 +58,14 @@ Status launch_fwd_with(const FwdParams& params, cudaStream_t stream) {
   constexpr auto kernel = &fwd_kernel<Traits>;
   if (Status st = allow_smem<kernel>(kSmem); !st.ok()) return st;
   const FwdKernelParams<Traits> kp = make_kernel_params<Traits>(params);
-  // Without a mask every tile costs the same: one persistent CTA per SM walks them, and its
-  // producer loads the next tile's Q and first keys while the consumers finish the last. Causal
-  // and window tiles differ in length: one CTA each, heaviest first, balanced by the hardware.
+  // Where the units of work cost the same (no mask: tiles; causal: pairs of tiles) one persistent
+  // CTA per SM walks them, and its producer loads the next tile's Q and first keys while the
+  // consumers finish the last. Window tiles differ in length: one CTA each, heaviest first,
+  // balanced by the hardware.
   const int64_t m_blocks = (params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
-  const int64_t tiles = m_blocks * params.nheads * params.batch;
-  int64_t ctas = tiles;
-  if (params.window_left < 0 && params.window_right < 0) {
+  const int64_t units = (kp.pair_tiles ? (m_blocks + 1) / 2 : m_blocks) * params.nheads * params.batch;
+  int64_t ctas = units;
+  if (kp.pair_tiles || (params.window_left < 0 && params.window_right < 0)) {
     const int sms = device_sms();
     if (sms > 0 && sms < ctas) ctas = sms;
   }

@@ -111,6 +111,7 @@ struct FwdTraits {
 template <class Traits>
 struct FwdKernelParams {
   FwdParams params;
+  bool pair_tiles;  // causal: a unit of work is query tiles p and m_blocks - 1 - p (kernel_fwd.hpp)
   typename Traits::TmaQ tma_q;
   typename Traits::TmaK tma_k;
   typename Traits::TmaV tma_v;

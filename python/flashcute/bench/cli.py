@@ -17,7 +17,7 @@ from . import timing
 from .arrays import ArrayLib, DeviceInfo, LibraryUnavailable, select_array_lib, versions
 from .files import output_stem, write_csv, write_json, write_plot
 from .grid import FA_HIDDEN, FA_TOKENS, FLOPS_FORMULA, PASSES, GridSpec, build_grid
-from .impls import IMPLS
+from .impls import IMPLS, SUBJECT
 from .report import PROG, Console, point_line, summary_line, table_rows
 from .results import NOT_AVAILABLE, PointResult
 from .run import run_point
@@ -187,6 +187,27 @@ def find_device(framework: str) -> tuple[ArrayLib, DeviceInfo]:
     return lib, device
 
 
+def matmul_ceiling(n: int = 8192, warmup: int = 5, iters: int = 20) -> float:
+    """TFLOP/s of a torch bf16 (n x n) @ (n x n) matmul on the current GPU, median of `iters` after
+    `warmup`, CUDA events: the dense tensor-core rate (cuBLAS's wgmma kernels on Hopper) that
+    attention's GEMMs can at best reach."""
+    import torch
+
+    a, b = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    for _ in range(warmup):
+        a @ b
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        a @ b
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    times.sort()
+    return 2 * n**3 / (times[len(times) // 2] * 1e-3) / 1e12
+
+
 def metadata(cfg: BenchConfig, argv: Sequence[str] | None, lib: ArrayLib, device: DeviceInfo) -> dict[str, Any]:
     """What the JSON file records about the run besides its results."""
     return {
@@ -258,6 +279,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{PROG}: {device.name} ({device.arch}, {device.sm_count} SMs), {lib.name}, {len(points)} points, "
         f"impls {_csv(names)}, warmup {cfg.warmup}, iters {cfg.iters}"
     )
+    ceiling = None
+    if lib.name == "torch" and cfg.grid.pass_ == "fwd":
+        ceiling = matmul_ceiling()
+        console.log(f"{PROG}: torch bf16 matmul 8192^3: {ceiling:.1f} TFLOP/s (the tensor-core ceiling of this run)")
     results: list[PointResult] = []
     told: set[tuple[str, str]] = set()
     with console.progress(len(points), "benchmark") as advance:
@@ -278,6 +303,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     what = {"fwd": "forward", "bwd": "backward", "fwd+bwd": "forward + backward"}[cfg.grid.pass_]
     console.table(f"flashcute {what}, TFLOP/s (median of {cfg.iters}) on {device.name}", *table_rows(results, names))
-    write_outputs(console, cfg, results, names, metadata(cfg, argv, lib, device))
+    meta = metadata(cfg, argv, lib, device)
+    if ceiling is not None:
+        meta["matmul_tflops"] = ceiling
+        fractions = [t / ceiling for pr in results if not pr.failed and (t := pr.tflops(SUBJECT))]
+        if fractions:
+            console.log(f"{PROG}: flashcute at {min(fractions):.0%}-{max(fractions):.0%} of the matmul ceiling "
+                        f"({ceiling:.1f} TFLOP/s)")
+    write_outputs(console, cfg, results, names, meta)
     console.log(summary_line(results, device.name))
     return EXIT_CHECK_FAILED if any(pr.failed for pr in results) else EXIT_OK
