@@ -27,6 +27,7 @@
 #   FC_BENCH_ARGS      arguments for the bench CLI, e.g. "--quick" (default none: the full FA grid)
 #   FC_PYTEST_ARGS     what pytest runs (default tests/python), e.g. "tests/python/test_kvcache_torch.py -x"
 #   FC_SANITIZE_TOOLS  compute-sanitizer tools (default "memcheck racecheck"; initcheck, synccheck too)
+#   FC_SANITIZE_ARGS   sanitize.py's arguments (default "--backward --kvcache"; "" for the forward only)
 #   FC_SKIP_INSTALL=1  reuse what a previous call on this (still warm) machine installed
 #
 # The machine has no network: carry third_party/cutlass with the checkout (it is git-ignored), and
@@ -121,7 +122,8 @@ stage_sanitize() {
   cs="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
   for tool in ${FC_SANITIZE_TOOLS:-memcheck racecheck}; do
     banner "compute-sanitizer --tool $tool"
-    "$cs" --tool "$tool" --error-exitcode 1 python3 scripts/sanitize.py --backward --kvcache 2>&1 | tee "$OUT/sanitize-$tool.log"
+    # shellcheck disable=SC2086
+    "$cs" --tool "$tool" --error-exitcode 1 python3 scripts/sanitize.py ${FC_SANITIZE_ARGS:---backward --kvcache} 2>&1 | tee "$OUT/sanitize-$tool.log"
     record "$tool" "${PIPESTATUS[0]}"
   done
 }

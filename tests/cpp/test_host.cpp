@@ -105,8 +105,17 @@ TEST(KernelList, IsTheProductOfTheBuildOptions) {
   // CMake wrote both the options and the list into build_config.hpp: they must agree.
   const std::set<std::string> dims = split(flashcute::kBuildHeadDims), dtypes = split(flashcute::kBuildDtypes);
   std::set<std::string> listed;
-  int backward = 0, splitkv = 0;
+  int backward = 0, splitkv = 0, sm90 = 0;
+  const bool sm90a = split(flashcute::kBuildCudaArchs).count("90a") > 0;
   for (const flashcute::KernelKey& k : flashcute::kCompiledKernels) {
+    if (k.arch == flashcute::Arch::kSm90) {  // the Hopper forward: one per (dtype, head dim), with 90a
+      EXPECT_TRUE(sm90a);
+      EXPECT_EQ(k.direction, flashcute::Direction::kFwd);
+      EXPECT_TRUE(dims.count(std::to_string(k.head_dim))) << k.head_dim;
+      EXPECT_TRUE(dtypes.count(flashcute::dtype_option(k.dtype))) << flashcute::dtype_name(k.dtype);
+      ++sm90;
+      continue;
+    }
     EXPECT_EQ(k.arch, flashcute::Arch::kSm80);
     EXPECT_TRUE(k.direction == flashcute::Direction::kFwd || k.direction == flashcute::Direction::kBwd ||
                 k.direction == flashcute::Direction::kSplitkv);
@@ -124,8 +133,9 @@ TEST(KernelList, IsTheProductOfTheBuildOptions) {
   EXPECT_TRUE(splitkv == 0 || size_t(splitkv) == per_direction) << splitkv;
   EXPECT_EQ(std::string(flashcute::kBuildBackward) == "ON", backward > 0);
   EXPECT_EQ(std::string(flashcute::kBuildKvcache) == "ON", splitkv > 0);
+  EXPECT_EQ(size_t(sm90), sm90a ? per_direction : 0);
   EXPECT_EQ(listed.size(), per_direction + size_t(backward) + size_t(splitkv));
-  EXPECT_EQ(flashcute::kNumCompiledKernels, per_direction + size_t(backward) + size_t(splitkv));
+  EXPECT_EQ(flashcute::kNumCompiledKernels, per_direction + size_t(backward) + size_t(splitkv) + size_t(sm90));
 }
 
 TEST(KernelList, HeadDimDispatch) {
@@ -552,6 +562,9 @@ TEST(PlanFwdVarlen, PlansTheSequencesOnTheDevice) {
   EXPECT_EQ(q.q_row_stride, 8 * built_head_dim());
   EXPECT_EQ(q.lse_head_stride, 100);  // lse (nheads, total_q)
   EXPECT_FALSE(p.empty);
+  // The sm90 kernels take fixed-length batches only: a varlen call stays on the sm80 ones.
+  EXPECT_FALSE(p.sm90);
+  EXPECT_STREQ(flashcute::sm90_can_run(q), "a variable-length batch");
   // Window bounds are normalised against the packed totals, which bound every sequence.
   FwdArgs a = good_varlen_args();
   a.window_left = 119;
@@ -720,6 +733,7 @@ TEST(PlanKvcache, PagedCacheAndAppend) {
   FwdPlan p;
   ASSERT_TRUE(plan(good_paged_args(), &p).ok());
   const flashcute::FwdParams& q = p.params;
+  EXPECT_FALSE(p.sm90);  // the KV-cache kernels are the sm80 family's
   EXPECT_EQ(q.seqlen_k, 16 * 64);  // the capacity: pages per sequence times the page size
   EXPECT_EQ(q.page_size_log2, 6);
   EXPECT_EQ(q.num_pages, 50);

@@ -117,7 +117,10 @@ def test_compiled_kernels_are_the_list_the_build_made():
     directions = ["fwd"]
     directions += ["bwd"] if _C.BUILD_OPTIONS["FLASHCUTE_BACKWARD"] == "ON" else []
     directions += ["splitkv"] if _C.BUILD_OPTIONS["FLASHCUTE_KVCACHE"] == "ON" else []
-    assert sorted(kernels) == sorted(("sm80", di, dt, d) for di in directions for dt in dtypes for d in dims)
+    expected = [("sm80", di, dt, d) for di in directions for dt in dtypes for d in dims]
+    if "90a" in _build_option("FLASHCUTE_CUDA_ARCHS"):  # the Hopper forward, built for sm_90a only
+        expected += [("sm90", "fwd", dt, d) for dt in dtypes for d in dims]
+    assert sorted(kernels) == sorted(expected)
     assert flashcute.compiled_kernels() == kernels
     assert sorted({k[3] for k in kernels}) == _C.compiled_head_dims()
     assert {k[2] for k in kernels} == set(_C.compiled_dtypes())

@@ -120,7 +120,8 @@ inline std::atomic<Arch>& last_forward_arch() {
 // The kernel a forward plan runs on the current device: its sm90 twin where that can run.
 inline Status forward_kernel(const FwdPlan& plan, KernelKey& key) {
   key = plan.kernel;
-  if (!plan.sm90 || key.direction != Direction::kFwd) return Status::success();
+  // (plan.sm90 is plan_fwd's verdict; sm90_can_run again for plans made or edited by hand.)
+  if (!plan.sm90 || key.direction != Direction::kFwd || sm90_can_run(plan.params) != nullptr) return Status::success();
   ForwardPath path;
   FLASHCUTE_RETURN_IF_ERROR(forward_path_setting(path));
   if (path == ForwardPath::kAuto && device_is_sm90()) key.arch = Arch::kSm90;

@@ -146,6 +146,7 @@ inline Status plan_fwd_kvcache(const FwdArgs& a, FwdPlan& plan) {
     }
   }
   FLASHCUTE_RETURN_IF_ERROR(as_cache_error(plan_fwd(fixed, plan)));
+  plan.sm90 = false;  // the KV-cache kernels are the sm80 family's
   FwdParams& p = plan.params;
   const int64_t nheads_k = k.shape[2];
 
