@@ -123,7 +123,7 @@ stage_sanitize() {
   for tool in ${FC_SANITIZE_TOOLS:-memcheck racecheck}; do
     banner "compute-sanitizer --tool $tool"
     # shellcheck disable=SC2086
-    "$cs" --tool "$tool" --error-exitcode 1 python3 scripts/sanitize.py ${FC_SANITIZE_ARGS:---backward --kvcache} 2>&1 | tee "$OUT/sanitize-$tool.log"
+    "$cs" --tool "$tool" --error-exitcode 1 python3 scripts/sanitize.py ${FC_SANITIZE_ARGS---backward --kvcache} 2>&1 | tee "$OUT/sanitize-$tool.log"
     record "$tool" "${PIPESTATUS[0]}"
   done
 }
