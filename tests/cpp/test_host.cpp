@@ -176,6 +176,19 @@ FwdArgs good_args(int d = built_head_dim()) {
   return a;
 }
 
+// good_args() with q, k, v as views of one packed (batch, seqlen, 3, heads, d) array, no lse.
+FwdArgs packed_qkv_args() {
+  const int d = built_head_dim();
+  const DType dt = built_dtype();
+  FwdArgs a = good_args();
+  const int64_t row = 3 * 8 * d;
+  a.q = flashcute::tensor_ref(fake(0x100000), dt, {2, 100, 8, d}, {100 * row, row, d, 1});
+  a.k = flashcute::tensor_ref(fake(0x100000 + 2 * 8 * d), dt, {2, 100, 8, d}, {100 * row, row, d, 1});
+  a.v = flashcute::tensor_ref(fake(0x100000 + 2 * 16 * d), dt, {2, 100, 8, d}, {100 * row, row, d, 1});
+  a.lse.reset();
+  return a;
+}
+
 Status plan(const FwdArgs& a, FwdPlan* out = nullptr) {
   FwdPlan p;
   Status st = flashcute::plan_fwd(a, p);
@@ -233,13 +246,8 @@ TEST(PlanFwd, NormalisesTheMask) {
 TEST(PlanFwd, StridedViewsAndSizeOneDims) {
   const int d = built_head_dim();
   const DType dt = built_dtype();
-  FwdArgs a = good_args();
-  // q, k, v as views of one packed (batch, seqlen, 3, heads, d) array.
+  FwdArgs a = packed_qkv_args();
   const int64_t row = 3 * 8 * d;
-  a.q = flashcute::tensor_ref(fake(0x100000), dt, {2, 100, 8, d}, {100 * row, row, d, 1});
-  a.k = flashcute::tensor_ref(fake(0x100000 + 2 * 8 * d), dt, {2, 100, 8, d}, {100 * row, row, d, 1});
-  a.v = flashcute::tensor_ref(fake(0x100000 + 2 * 16 * d), dt, {2, 100, 8, d}, {100 * row, row, d, 1});
-  a.lse.reset();
   FwdPlan p;
   ASSERT_TRUE(plan(a, &p).ok()) << plan(a).message;
   EXPECT_EQ(p.params.k_row_stride, row);
@@ -270,12 +278,7 @@ TEST(PlanFwd, Sm90TakesWhatTmaCanRead) {
   EXPECT_EQ(flashcute::sm90_can_run(p.params), nullptr);
   EXPECT_EQ(p.sm90, sm90_built);
   // The packed-qkv views: strides 3 * heads * d, multiples of 16 bytes.
-  FwdArgs a = good_args();
-  const int64_t row = 3 * 8 * d;
-  a.q = flashcute::tensor_ref(fake(0x100000), dt, {2, 100, 8, d}, {100 * row, row, d, 1});
-  a.k = flashcute::tensor_ref(fake(0x100000 + 2 * 8 * d), dt, {2, 100, 8, d}, {100 * row, row, d, 1});
-  a.v = flashcute::tensor_ref(fake(0x100000 + 2 * 16 * d), dt, {2, 100, 8, d}, {100 * row, row, d, 1});
-  a.lse.reset();
+  FwdArgs a = packed_qkv_args();
   ASSERT_TRUE(plan(a, &p).ok());
   EXPECT_EQ(flashcute::sm90_can_run(p.params), nullptr);
   // k broadcast over the batch (batch stride 0, as .expand makes it): TMA needs a real stride, so

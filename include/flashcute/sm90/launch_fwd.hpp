@@ -21,6 +21,21 @@
 
 namespace flashcute::sm90 {
 
+// Whether the driver has cuTensorMapEncodeTiled (CUDA 12.0 and later: every driver that runs
+// sm_90a code does), looked up once. CuTe's encoder only prints (and asserts without NDEBUG) when
+// the encoding fails; sm90_can_run has already checked every other condition it can fail on.
+inline Status tma_encoder_available() {
+  static const cudaError_t status = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    cudaError_t err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found);
+    return err != cudaSuccess ? err : (found == cudaDriverEntryPointSuccess ? cudaSuccess : cudaErrorNotSupported);
+  }();
+  if (status == cudaSuccess) return Status::success();
+  return Status::cuda(status, "cudaGetDriverEntryPointByVersion(cuTensorMapEncodeTiled): the sm90 kernels' TMA "
+                              "descriptors need a CUDA 12 driver");
+}
+
 // A TMA descriptor needs a valid stride for every dim, also for one of extent 1, where the
 // params hold 0 (it never multiplies a non-zero index): any multiple of 16 bytes does.
 inline int64_t tma_stride(int64_t stride) { return stride != 0 ? stride : 8; }
@@ -57,6 +72,7 @@ Status launch_fwd_with(const FwdParams& params, cudaStream_t stream) {
   constexpr int kSmem = Traits::kSmemBytes;
   constexpr auto kernel = &fwd_kernel<Traits>;
   if (Status st = allow_smem<kernel>(kSmem); !st.ok()) return st;
+  if (Status st = tma_encoder_available(); !st.ok()) return st;
   const FwdKernelParams<Traits> kp = make_kernel_params<Traits>(params);
   // Where the units of work cost the same (no mask: tiles; causal: pairs of tiles) one persistent
   // CTA per SM walks them, and its producer loads the next tile's Q and first keys while the
