@@ -27,16 +27,24 @@ Status allow_smem(int smem_bytes) {
   return Status::success();
 }
 
-// The SM count of `device` (the current one if < 0), asked once per device; 0 if it cannot be known.
+// Attribute kAttr of `device` (the current one if < 0), asked once per device, so that a launch
+// during CUDA-graph capture makes no extra CUDA call; -1 if it cannot be known.
+template <cudaDeviceAttr kAttr>
+int device_attribute(int device = -1) {
+  static std::atomic<int> cached[64] = {};  // the value + 1; 0: not asked yet
+  if (device < 0 && cudaGetDevice(&device) != cudaSuccess) return -1;
+  if (device < 0) return -1;
+  if (device < 64 && cached[device].load(std::memory_order_relaxed) > 0) return cached[device].load() - 1;
+  int value = 0;
+  if (cudaDeviceGetAttribute(&value, kAttr, device) != cudaSuccess) return -1;
+  if (device < 64) cached[device].store(value + 1);
+  return value;
+}
+
+// The SM count of `device` (the current one if < 0); 0 if it cannot be known.
 inline int device_sms(int device = -1) {
-  static std::atomic<int> cached[64] = {};
-  if (device < 0 && cudaGetDevice(&device) != cudaSuccess) return 0;
-  if (device < 0) return 0;
-  if (device < 64 && cached[device].load(std::memory_order_relaxed) > 0) return cached[device].load();
-  int sms = 0;
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return 0;
-  if (device < 64) cached[device].store(sms);
-  return sms;
+  const int sms = device_attribute<cudaDevAttrMultiProcessorCount>(device);
+  return sms > 0 ? sms : 0;
 }
 
 }  // namespace flashcute

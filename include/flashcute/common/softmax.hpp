@@ -39,28 +39,36 @@ struct OnlineSoftmax {
     }
   }
 
+  // Row i of scores (a ((2,MMA_M),(2,MMA_N)) row/col view) into unnormalised probabilities
+  // against the row's new running max; returns how much the row of O must shrink.
+  template <class Scores>
+  CUTE_DEVICE float rescale_row(Scores& scores, int i) {
+    float tile_max = row_max[i];
+    CUTE_UNROLL
+    for (int j = 0; j < cute::size<1>(scores); ++j) tile_max = fmaxf(tile_max, scores(i, j));
+    const float new_max = quad_allreduce(tile_max, MaxOp{});
+    // A row that has seen no visible key keeps max -inf; use 0 as its base so exp2 stays finite (and gives 0).
+    const float base = new_max == -INFINITY ? 0.f : new_max * scale_log2;
+    const float rescale = exp2f(row_max[i] * scale_log2 - base);
+    row_max[i] = new_max;
+    float tile_sum = 0.f;
+    CUTE_UNROLL
+    for (int j = 0; j < cute::size<1>(scores); ++j) {
+      scores(i, j) = exp2f(scores(i, j) * scale_log2 - base);
+      tile_sum += scores(i, j);
+    }
+    row_sum[i] = row_sum[i] * rescale + tile_sum;
+    return rescale;
+  }
+
   // scores, acc_o: ((2,MMA_M),(2,MMA_N)) row/col views. Turns scores into
-  // unnormalised probabilities and rescales acc_o to the new running max.
+  // unnormalised probabilities and rescales acc_o to the new running max, row by row.
   template <class Scores, class AccO>
   CUTE_DEVICE void update(Scores& scores, AccO& acc_o) {
     static_assert(decltype(cute::size<0>(scores))::value == kRows);
     CUTE_UNROLL
     for (int i = 0; i < kRows; ++i) {
-      float tile_max = row_max[i];
-      CUTE_UNROLL
-      for (int j = 0; j < cute::size<1>(scores); ++j) tile_max = fmaxf(tile_max, scores(i, j));
-      const float new_max = quad_allreduce(tile_max, MaxOp{});
-      // A row that has seen no visible key keeps max -inf; use 0 as its base so exp2 stays finite (and gives 0).
-      const float base = new_max == -INFINITY ? 0.f : new_max * scale_log2;
-      const float rescale = exp2f(row_max[i] * scale_log2 - base);
-      row_max[i] = new_max;
-      float tile_sum = 0.f;
-      CUTE_UNROLL
-      for (int j = 0; j < cute::size<1>(scores); ++j) {
-        scores(i, j) = exp2f(scores(i, j) * scale_log2 - base);
-        tile_sum += scores(i, j);
-      }
-      row_sum[i] = row_sum[i] * rescale + tile_sum;
+      const float rescale = rescale_row(scores, i);
       CUTE_UNROLL
       for (int j = 0; j < cute::size<1>(acc_o); ++j) acc_o(i, j) *= rescale;
     }
@@ -69,28 +77,11 @@ struct OnlineSoftmax {
   // update() in two halves, for a kernel whose P V of the previous block is still in flight while
   // it exponentiates the next scores (sm90): rescale_scores() turns scores into probabilities and
   // says how much acc_o must shrink; rescale_o() applies that once the accumulator is settled.
-  // (update() is not written as the two: that moves each row's rescale of O after all rows'
-  // exponentials and changes the sm80 kernel's code, +8 instructions at d 128, unmeasured.)
   template <class Scores>
   CUTE_DEVICE void rescale_scores(Scores& scores, float (&rescale)[kRows]) {
     static_assert(decltype(cute::size<0>(scores))::value == kRows);
     CUTE_UNROLL
-    for (int i = 0; i < kRows; ++i) {
-      float tile_max = row_max[i];
-      CUTE_UNROLL
-      for (int j = 0; j < cute::size<1>(scores); ++j) tile_max = fmaxf(tile_max, scores(i, j));
-      const float new_max = quad_allreduce(tile_max, MaxOp{});
-      const float base = new_max == -INFINITY ? 0.f : new_max * scale_log2;  // as in update()
-      rescale[i] = exp2f(row_max[i] * scale_log2 - base);
-      row_max[i] = new_max;
-      float tile_sum = 0.f;
-      CUTE_UNROLL
-      for (int j = 0; j < cute::size<1>(scores); ++j) {
-        scores(i, j) = exp2f(scores(i, j) * scale_log2 - base);
-        tile_sum += scores(i, j);
-      }
-      row_sum[i] = row_sum[i] * rescale[i] + tile_sum;
-    }
+    for (int i = 0; i < kRows; ++i) rescale[i] = rescale_row(scores, i);
   }
 
   template <class AccO>

@@ -13,6 +13,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "flashcute/common/launch.hpp"
 #include "flashcute/common/status.hpp"
 #include "flashcute/host/kernels.hpp"
 #include "flashcute/host/validate_bwd.hpp"
@@ -95,19 +96,10 @@ inline Status forward_path_setting(ForwardPath& path) {
 }
 
 // Whether `device` (-1: the current one) has compute capability 9.0, the only GPUs sm_90a code
-// runs on. Cached per device: a launch during CUDA-graph capture makes no extra CUDA call.
+// runs on (cached per device, as every device_attribute).
 inline bool device_is_sm90(int device = -1) {
-  static std::atomic<int> cached[64] = {};  // 0: not asked yet, 1: no, 2: yes
-  if (device < 0 && cudaGetDevice(&device) != cudaSuccess) return false;
-  if (device < 0) return false;
-  if (device < 64 && cached[device].load(std::memory_order_relaxed) != 0) return cached[device].load() == 2;
-  int major = 0, minor = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
-    return false;
-  const bool yes = major == 9 && minor == 0;
-  if (device < 64) cached[device].store(yes ? 2 : 1);
-  return yes;
+  return device_attribute<cudaDevAttrComputeCapabilityMajor>(device) == 9 &&
+         device_attribute<cudaDevAttrComputeCapabilityMinor>(device) == 0;
 }
 
 // The kernel family the last forward launch of this process ran on (sm80 before any): a
