@@ -118,6 +118,13 @@ CASES = [
     dict(d=32, sq=4000, sk=4000, b=1),
     dict(b=8, h=16, hk=4, sq=1000, sk=1000),  # 1024 tiles: persistent CTAs take several each
     dict(b=3, h=8, sq=1000, sk=3000, d=256),
+    # Several tiles per persistent CTA, each tile's first S issued behind the previous tile's last
+    # P V (two Q buffers): odd tile counts (a pair whose second tile is its first), tiles that see
+    # no key at all (sq > sk, causal), and d 64.
+    dict(b=4, h=16, sq=1100, sk=1100, causal=True),
+    dict(b=4, h=16, sq=2049, sk=113, causal=True, d=64),
+    dict(b=8, h=16, sq=1000, sk=1000, d=64),
+    dict(b=4, h=16, sq=700, sk=900, softcap=20.0, dtype="float16"),
 ]
 
 

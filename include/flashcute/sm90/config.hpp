@@ -15,6 +15,10 @@ struct FwdConfig {
   int block_m;     // query rows per CTA: 64 per consumer warpgroup
   int block_n;     // keys per main-loop step (the N of Q K^T, the K of P V)
   int stages = 2;  // K and V shared-memory buffers each: the producer runs this far ahead
+  // Q buffers. With 2, the producer loads the next tile's Q while this one's is still read, so the
+  // consumers issue the next tile's first Q K^T right behind this tile's last P V and store O
+  // while it runs (the epilogue under the tensor cores); with 1, the epilogue comes first.
+  int q_stages = 1;
   // Registers per thread after setmaxnreg: the producer gives up what the consumers take.
   int producer_regs = 24;
   int consumer_regs = 240;
@@ -24,8 +28,8 @@ struct FwdConfig {
 
   constexpr int consumer_warpgroups() const { return block_m / 64; }
   constexpr int num_threads() const { return 128 * (consumer_warpgroups() + 1); }
-  // Q, then `stages` K tiles and `stages` V tiles, 2-byte elements, plus the barriers.
-  constexpr int smem_bytes() const { return (block_m + 2 * stages * block_n) * head_dim * 2 + 1024; }
+  // `q_stages` Q tiles, then `stages` K tiles and `stages` V tiles, 2-byte elements, plus the barriers.
+  constexpr int smem_bytes() const { return (q_stages * block_m + 2 * stages * block_n) * head_dim * 2 + 1024; }
 };
 
 // nullptr when cfg is valid, otherwise the first rule it breaks.
@@ -35,6 +39,7 @@ constexpr const char* validate(FwdConfig cfg) {
   if (cfg.block_n % 16 != 0 || cfg.block_n < 16 || cfg.block_n > 256)
     return "block_n must be a multiple of 16 in [16, 256] (the N of one wgmma and a TMA box)";
   if (cfg.stages < 2) return "stages must be >= 2: the producer loads one block while the consumers use another";
+  if (cfg.q_stages != 1 && cfg.q_stages != 2) return "q_stages must be 1 or 2";
   if (cfg.smem_bytes() > 227 * 1024) return "tiles exceed the 227 KB shared-memory limit";
   // setmaxnreg: multiples of 8 in [24, 256], and the CTA's total within the 64K register file.
   if (cfg.producer_regs % 8 != 0 || cfg.consumer_regs % 8 != 0 || cfg.producer_regs < 24 || cfg.consumer_regs > 256)
@@ -47,15 +52,18 @@ constexpr const char* validate(FwdConfig cfg) {
 
 // The tile table. Two consumer warpgroups of 64 rows each; the longest key block whose K and V
 // double buffers fit beside Q, as FlashAttention-3 chose for these head dims (see perf-notes).
+// Up to d 128 a second Q buffer fits too, and puts each tile's epilogue under the next tile's
+// first Q K^T (perf-notes v29).
 constexpr FwdConfig default_fwd_config(int head_dim) {
   switch (head_dim) {
     // Ping-pong at d 96 and 128, not at d 64 (same-machine A/B, perf-notes v26).
-    case 32: return {.head_dim = 32, .block_m = 128, .block_n = 128};
-    case 64: return {.head_dim = 64, .block_m = 128, .block_n = 128};
-    case 96: return {.head_dim = 96, .block_m = 128, .block_n = 128, .pingpong = true};
-    case 128: return {.head_dim = 128, .block_m = 128, .block_n = 128, .pingpong = true};
+    case 32: return {.head_dim = 32, .block_m = 128, .block_n = 128, .q_stages = 2};
+    case 64: return {.head_dim = 64, .block_m = 128, .block_n = 128, .q_stages = 2};
+    case 96: return {.head_dim = 96, .block_m = 128, .block_n = 128, .q_stages = 2, .pingpong = true};
+    case 128: return {.head_dim = 128, .block_m = 128, .block_n = 128, .q_stages = 2, .pingpong = true};
     case 192: return {.head_dim = 192, .block_m = 128, .block_n = 96};
-    case 256: return {.head_dim = 256, .block_m = 128, .block_n = 64};
+    // 80 keys, not 64: the Q K^T wgmma reads fewer shared-memory bytes per flop (perf-notes v30).
+    case 256: return {.head_dim = 256, .block_m = 128, .block_n = 80};
     default: return {.head_dim = 0, .block_m = 0, .block_n = 0};
   }
 }

@@ -84,6 +84,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
   constexpr int kBlockN = Traits::kBlockN;
   constexpr int kHeadDim = Traits::kHeadDim;
   constexpr int kStages = Traits::kStages;
+  constexpr int kQStages = Traits::kQStages;
   using TileQ = Shape<Int<kBlockM>, Int<kHeadDim>>;
   using TileKV = Shape<Int<kBlockN>, Int<kHeadDim>>;
   using TileVt = Shape<Int<kHeadDim>, Int<kBlockN>>;
@@ -133,15 +134,18 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
   };
   const int group = params.nheads / params.nheads_k;  // query heads per KV head
 
-  Tensor sQ = make_tensor(make_smem_ptr(storage.q.data()), typename Traits::SmemLayoutQ{});    // (BLK_M,D)
+  Tensor sQ = make_tensor(make_smem_ptr(storage.q.data()), typename Traits::SmemLayoutQ{});    // (BLK_M,D,QPIPE)
   Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutK{});    // (BLK_N,D,PIPE)
   Tensor sVt = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutVt{});  // (D,BLK_N,PIPE)
 
   const int warp_group = cutlass::canonical_warp_group_idx();
   const int warp = cutlass::canonical_warp_idx_sync();
   if (threadIdx.x == 0) {
-    TxBarrier::init(&storage.q_full, 1);
-    Barrier::init(&storage.q_empty, Traits::kConsumerWarpgroups * 4);
+    CUTE_UNROLL
+    for (int s = 0; s < kQStages; ++s) {
+      TxBarrier::init(&storage.q_full[s], 1);
+      Barrier::init(&storage.q_empty[s], Traits::kConsumerWarpgroups * 4);
+    }
     CUTE_UNROLL
     for (int s = 0; s < kStages; ++s) {
       TxBarrier::init(&storage.k_full[s], 1);  // the producer's arrive (with its expected bytes)
@@ -156,9 +160,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
 
   // Both sides walk the same tiles and blocks and count them the same way: `step` numbers the K/V
   // blocks across tiles (stage step % kStages, parity (step / kStages) % 2), `q_round` the tiles
-  // that load a Q (parity q_round % 2).
+  // that load a Q (buffer q_round % kQStages, parity (q_round / kQStages) % 2).
   auto stage_of = [](int step) { return step % kStages; };
   auto phase_of = [](int step) { return uint32_t(step / kStages) & 1; };
+  auto q_phase_of = [](int q_round) { return uint32_t(q_round / kQStages) & 1; };
 
   if (warp_group == 0) {
     // Producer. Registers go to the consumers; one thread issues every load.
@@ -176,17 +181,18 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
       Tensor gK = local_tile(mK(_, _, head_k, tile.batch), TileKV{}, make_coord(_, 0));              // (BLK_N,D,n)
       Tensor gVt = local_tile(mVt(_, _, head_k, tile.batch), TileVt{}, make_coord(0, _));            // (D,BLK_N,n)
       auto [tQgQ, tQsQ] = tma_partition(kp.tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ),
-                                        group_modes<0, 2>(gQ));  // (TMA), (TMA)
+                                        group_modes<0, 2>(gQ));  // (TMA), (TMA,QPIPE)
       auto [tKgK, tKsK] = tma_partition(kp.tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK),
                                         group_modes<0, 2>(gK));  // (TMA,n), (TMA,PIPE)
       auto [tVgV, tVsV] = tma_partition(kp.tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sVt),
                                         group_modes<0, 2>(gVt));  // (TMA,n), (TMA,PIPE)
 
-      // Every consumer warp has run its last Q K^T of the previous tile (a fresh barrier passes
-      // the wait for parity 1 at once).
-      Barrier::wait(&storage.q_empty, (q_round & 1) ^ 1);
-      TxBarrier::arrive_and_expect_tx(&storage.q_full, Traits::kQBytes);
-      copy(kp.tma_q.with(storage.q_full), tQgQ, tQsQ);
+      // Every consumer warp has run its last Q K^T of the tile that used this buffer before (a
+      // fresh barrier passes the wait for parity 1 at once).
+      const int q_stage = q_round % kQStages;
+      Barrier::wait(&storage.q_empty[q_stage], q_phase_of(q_round) ^ 1);
+      TxBarrier::arrive_and_expect_tx(&storage.q_full[q_stage], Traits::kQBytes);
+      copy(kp.tma_q.with(storage.q_full[q_stage]), tQgQ, tQsQ(_, q_stage));
       ++q_round;
       for (int n_block = tile.n_block_max - 1; n_block >= tile.n_block_min; --n_block, ++step) {
         const int stage = stage_of(step);
@@ -209,7 +215,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
   typename Traits::TiledMmaPV mma_pv;
   auto thr_qk = mma_qk.get_thread_slice(mma_tid);
   auto thr_pv = mma_pv.get_thread_slice(mma_tid);
-  Tensor tSrQ = thr_qk.partition_fragment_A(sQ);   // (MMA,MMA_M,MMA_K) smem descriptors
+  Tensor tSrQ = thr_qk.partition_fragment_A(sQ);   // (MMA,MMA_M,MMA_K,QPIPE) smem descriptors
   Tensor tSrK = thr_qk.partition_fragment_B(sK);   // (MMA,MMA_N,MMA_K,PIPE)
   Tensor tOrV = thr_pv.partition_fragment_B(sVt);  // (MMA,MMA_D,MMA_N,PIPE)
   Tensor acc_o = partition_fragment_C(mma_pv, TileQ{});  // ((2,2,D/8),MMA_M,MMA_D), fp32
@@ -256,38 +262,85 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
   Tensor tOrP = make_tensor(rP.data(), gmma_acc_to_a_layout(rP.layout()));        // ((2,2,2),MMA_M,(N/16,MMA_N))
   float rescale[kRows];
 
+  // `q_round` counts the Q loads this warpgroup has used, as the producer counts them. With two Q
+  // buffers the next tile's first S is issued behind this tile's last P V, and its probabilities
+  // computed after this tile's epilogue (`first_done`), so the tensor cores run it while O is
+  // normalised and stored. Each wgmma is waited for on the path that issued it: ptxas serialises
+  // every wgmma of the kernel if one is still in flight where two paths join.
   int step = 0, q_round = 0;
-  for (unsigned u = blockIdx.x, j = 0; u < num_units; next_tile(u, j)) {
+  int q_stage = 0;          // the Q buffer of the tile being computed
+  bool first_done = false;  // its first block's probabilities are in rP already
+  OnlineSoftmax<kRows> softmax(scale_log2);
+  unsigned u = blockIdx.x, j = 0;  // tile 0 of a unit is always valid
+  while (u < num_units) {
     const Tile tile = tile_at(u, j);
-    if (!tile.valid) continue;
+    unsigned next_u = u, next_j = j;
+    do next_tile(next_u, next_j); while (next_u < num_units && !tile_at(next_u, next_j).valid);
     const int m0 = tile.m_block * kBlockM;
-    OnlineSoftmax<kRows> softmax(scale_log2);
     clear(acc_o);
+    if (!first_done) softmax = OnlineSoftmax<kRows>(scale_log2);
 
-    // Softcap, mask and exponentiate block n_block's scores (acc_s), and say how much O must shrink.
-    auto scores_to_probs = [&](int n_block) FLASHCUTE_INLINE {
+    // Softcap, mask and exponentiate the scores (acc_s) of block n_block of the tile at row m0, and
+    // say how much O must shrink.
+    auto scores_to_probs = [&](int tile_m0, int n_block) FLASHCUTE_INLINE {
       const int n0 = n_block * kBlockN;
       if (use_softcap) {
         CUTE_UNROLL
         for (int j = 0; j < size(acc_s); ++j) acc_s(j) = tanhf(acc_s(j) * softcap_prescale);
       }
-      if (mask.tile_needs_mask(m0, kBlockM, n0, kBlockN)) mask.apply(scores, tScS_rc, m0, n0);
+      if (mask.tile_needs_mask(tile_m0, kBlockM, n0, kBlockN)) mask.apply(scores, tScS_rc, tile_m0, n0);
       softmax.rescale_scores(scores, rescale);
     };
 
+    // Epilogue: normalise, then each thread stores its column pairs straight to global memory.
+    auto store_tile = [&]() FLASHCUTE_INLINE {
+      float lse[kRows];
+      softmax.finalize(acc_o_rc, lse);
+      auto* o_ptr =
+          static_cast<Element*>(params.o) + tile.batch * params.o_batch_stride + tile.head * params.o_head_stride;
+      Tensor rO = convert_fragment<Element>(acc_o);                           // ((2,2,D/8),MMA_M,MMA_D)
+      Tensor rO_rc = make_tensor(rO.data(), gmma_rowcol_layout(rO.layout()));  // ((2,MMA_M),(2,D/8,MMA_D))
+      CUTE_UNROLL
+      for (int r = 0; r < size<0>(rO_rc); ++r) {
+        const int row = m0 + get<0>(tOcO_rc(r, 0));
+        if (row >= params.seqlen_q) continue;
+        Element* o_row = o_ptr + int64_t(row) * params.o_row_stride;
+        CUTE_UNROLL
+        for (int c = 0; c < size<1>(rO_rc); c += 2) {  // (c, c + 1): adjacent columns, one 4-byte store
+          const int col = get<1>(tOcO_rc(r, c));
+          if (col < params.head_dim) {
+            Element pair[2] = {rO_rc(r, c), rO_rc(r, c + 1)};
+            *reinterpret_cast<uint32_t*>(o_row + col) = *reinterpret_cast<uint32_t*>(pair);
+          }
+        }
+      }
+      if (params.lse != nullptr && get<1>(tOcO_rc(0, 0)) == 0) {  // one thread of each row's quad
+        float* lse_ptr = params.lse + tile.batch * params.lse_batch_stride + tile.head * params.lse_head_stride;
+        CUTE_UNROLL
+        for (int r = 0; r < kRows; ++r) {
+          const int row = m0 + get<0>(tOcO_rc(r, 0));
+          if (row < params.seqlen_q) lse_ptr[row] = lse[r];
+        }
+      }
+    };
+
     if (tile.n_block_max > tile.n_block_min) {
-      TxBarrier::wait(&storage.q_full, q_round & 1);
-      ++q_round;
       // The first (last, possibly ragged) block: S, then its probabilities; O is still zero.
-      TxBarrier::wait(&storage.k_full[stage_of(step)], phase_of(step));
-      my_turn();
-      wgmma_gemm<true, false>(mma_qk, tSrQ, tSrK(_, _, _, stage_of(step)), acc_s);
-      pass_turn();
-      warpgroup_wait<0>();
-      release(storage.k_empty[stage_of(step)]);
-      scores_to_probs(tile.n_block_max - 1);
-      convert_fragment_into(acc_s, rP);
-      ++step;
+      if (!first_done) {
+        q_stage = q_round % kQStages;
+        TxBarrier::wait(&storage.q_full[q_stage], q_phase_of(q_round));
+        TxBarrier::wait(&storage.k_full[stage_of(step)], phase_of(step));
+        my_turn();
+        wgmma_gemm<true, false>(mma_qk, tSrQ(_, _, _, q_stage), tSrK(_, _, _, stage_of(step)), acc_s);
+        pass_turn();
+        ++q_round;
+        warpgroup_wait<0>();
+        release(storage.k_empty[stage_of(step)]);
+        scores_to_probs(m0, tile.n_block_max - 1);
+        convert_fragment_into(acc_s, rP);
+        ++step;
+      }
+      Tensor tSrQ_tile = tSrQ(_, _, _, q_stage);  // (MMA,MMA_M,MMA_K)
 
       // At each step, S of block n_block and O += P V of the block before it, both in flight at
       // once; the softmax of S runs while P V still computes.
@@ -295,55 +348,61 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
         TxBarrier::wait(&storage.k_full[stage_of(step)], phase_of(step));
         TxBarrier::wait(&storage.v_full[stage_of(step - 1)], phase_of(step - 1));
         my_turn();
-        wgmma_gemm<true, false>(mma_qk, tSrQ, tSrK(_, _, _, stage_of(step)), acc_s);
+        wgmma_gemm<true, false>(mma_qk, tSrQ_tile, tSrK(_, _, _, stage_of(step)), acc_s);
         wgmma_gemm<false, true>(mma_pv, tOrP, tOrV(_, _, _, stage_of(step - 1)), acc_o);
         pass_turn();
         warpgroup_wait<1>();  // S is done (P V, committed after it, may still run)
         release(storage.k_empty[stage_of(step)]);
-        scores_to_probs(n_block);
+        scores_to_probs(m0, n_block);
         warpgroup_wait<0>();  // P V is done: O may be rescaled, and P's registers rewritten
         release(storage.v_empty[stage_of(step - 1)]);
         softmax.rescale_o(acc_o_rc, rescale);
         convert_fragment_into(acc_s, rP);
       }
-      // Every Q K^T of the tile is done: the producer may load the next tile's Q.
-      release(storage.q_empty);
-      // The last P V.
+      // Every Q K^T of the tile is done: the producer may load a later tile's Q into this buffer.
+      release(storage.q_empty[q_stage]);
       TxBarrier::wait(&storage.v_full[stage_of(step - 1)], phase_of(step - 1));
-      wgmma_gemm<false, true>(mma_pv, tOrP, tOrV(_, _, _, stage_of(step - 1)), acc_o);
-      warpgroup_wait<0>();
-      release(storage.v_empty[stage_of(step - 1)]);
-    }
-
-    // Epilogue: normalise, then each thread stores its column pairs straight to global memory.
-    float lse[kRows];
-    softmax.finalize(acc_o_rc, lse);
-    auto* o_ptr =
-        static_cast<Element*>(params.o) + tile.batch * params.o_batch_stride + tile.head * params.o_head_stride;
-    Tensor rO = convert_fragment<Element>(acc_o);                           // ((2,2,D/8),MMA_M,MMA_D)
-    Tensor rO_rc = make_tensor(rO.data(), gmma_rowcol_layout(rO.layout()));  // ((2,MMA_M),(2,D/8,MMA_D))
-    CUTE_UNROLL
-    for (int r = 0; r < size<0>(rO_rc); ++r) {
-      const int row = m0 + get<0>(tOcO_rc(r, 0));
-      if (row >= params.seqlen_q) continue;
-      Element* o_row = o_ptr + int64_t(row) * params.o_row_stride;
-      CUTE_UNROLL
-      for (int c = 0; c < size<1>(rO_rc); c += 2) {  // (c, c + 1): adjacent columns, one 4-byte store
-        const int col = get<1>(tOcO_rc(r, c));
-        if (col < params.head_dim) {
-          Element pair[2] = {rO_rc(r, c), rO_rc(r, c + 1)};
-          *reinterpret_cast<uint32_t*>(o_row + col) = *reinterpret_cast<uint32_t*>(pair);
+      bool early = false;  // the next tile's first S goes behind the last P V
+      Tile next{};
+      if constexpr (kQStages == 2) {
+        if (next_u < num_units) {
+          next = tile_at(next_u, next_j);
+          early = next.n_block_max > next.n_block_min;
         }
       }
-    }
-    if (params.lse != nullptr && get<1>(tOcO_rc(0, 0)) == 0) {  // one thread of each row's quad
-      float* lse_ptr = params.lse + tile.batch * params.lse_batch_stride + tile.head * params.lse_head_stride;
-      CUTE_UNROLL
-      for (int r = 0; r < kRows; ++r) {
-        const int row = m0 + get<0>(tOcO_rc(r, 0));
-        if (row < params.seqlen_q) lse_ptr[row] = lse[r];
+      if (early) {
+        // Its Q is in the other buffer, and acc_s is free once P is converted.
+        const int next_q_stage = q_round % kQStages;
+        TxBarrier::wait(&storage.q_full[next_q_stage], q_phase_of(q_round));
+        TxBarrier::wait(&storage.k_full[stage_of(step)], phase_of(step));
+        my_turn();
+        wgmma_gemm<false, true>(mma_pv, tOrP, tOrV(_, _, _, stage_of(step - 1)), acc_o);
+        wgmma_gemm<true, false>(mma_qk, tSrQ(_, _, _, next_q_stage), tSrK(_, _, _, stage_of(step)), acc_s);
+        pass_turn();
+        ++q_round;
+        warpgroup_wait<1>();  // the last P V is done; the next tile's S runs on under the epilogue
+        release(storage.v_empty[stage_of(step - 1)]);
+        store_tile();
+        softmax = OnlineSoftmax<kRows>(scale_log2);
+        warpgroup_wait<0>();
+        release(storage.k_empty[stage_of(step)]);
+        scores_to_probs(next.m_block * kBlockM, next.n_block_max - 1);
+        convert_fragment_into(acc_s, rP);
+        ++step;
+        q_stage = next_q_stage;
+        first_done = true;
+      } else {
+        wgmma_gemm<false, true>(mma_pv, tOrP, tOrV(_, _, _, stage_of(step - 1)), acc_o);
+        warpgroup_wait<0>();
+        release(storage.v_empty[stage_of(step - 1)]);
+        store_tile();
+        first_done = false;
       }
+    } else {
+      store_tile();  // no key visible: O = 0, lse = -inf
+      first_done = false;
     }
+    u = next_u, j = next_j;
   }
   // Warpgroup 1 passed the turn once more than warpgroup 0 took it (its first pass, before any
   // GEMM): take it, so that no arrival is left pending on the barrier.

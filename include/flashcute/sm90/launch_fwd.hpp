@@ -59,7 +59,7 @@ FwdKernelParams<Traits> make_kernel_params(const FwdParams& p) {
   return FwdKernelParams<Traits>{
       p,
       p.window_left < 0 && p.window_right == 0,  // causal: pairs of tiles
-      make_tma_copy(SM90_TMA_LOAD{}, q, typename Traits::SmemLayoutQ{}),
+      make_tma_copy(SM90_TMA_LOAD{}, q, take<0, 2>(typename Traits::SmemLayoutQ{})),
       make_tma_copy(SM90_TMA_LOAD{}, k, take<0, 2>(typename Traits::SmemLayoutK{})),
       make_tma_copy(SM90_TMA_LOAD{}, vt, take<0, 2>(typename Traits::SmemLayoutVt{})),
   };

@@ -46,6 +46,7 @@ struct FwdTraits {
   static constexpr int kBlockN = kCfg.block_n;
   static constexpr int kHeadDim = kCfg.head_dim;
   static constexpr int kStages = kCfg.stages;
+  static constexpr int kQStages = kCfg.q_stages;
   static constexpr int kConsumerWarpgroups = kCfg.consumer_warpgroups();
   static constexpr int kNThreads = kCfg.num_threads();
   static constexpr int kConsumerThreads = 128 * kConsumerWarpgroups;
@@ -66,7 +67,7 @@ struct FwdTraits {
       AtomLayout{}));
 
   using SmemLayoutQ = decltype(cute::tile_to_shape(gmma_smem_atom<Element, cute::GMMA::Major::K, kHeadDim>(),
-                                                   cute::Shape<BlkM, HeadDim>{}));  // (BLK_M,D)
+                                                   cute::Shape<BlkM, HeadDim, cute::Int<kQStages>>{}));  // (BLK_M,D,QPIPE)
   using SmemLayoutK = decltype(cute::tile_to_shape(gmma_smem_atom<Element, cute::GMMA::Major::K, kHeadDim>(),
                                                    cute::Shape<BlkN, HeadDim, cute::Int<kStages>>{}));  // (BLK_N,D,PIPE)
   // V^T: (D,BLK_N,PIPE), d contiguous; atoms tile along the keys first.
@@ -83,7 +84,7 @@ struct FwdTraits {
                                             StrideQK{}));
   using GmemVt = decltype(cute::make_tensor(cute::make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{},
                                             StrideVt{}));
-  using TmaQ = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemQK{}, SmemLayoutQ{}));
+  using TmaQ = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemQK{}, cute::take<0, 2>(SmemLayoutQ{})));
   using TmaK = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemQK{}, cute::take<0, 2>(SmemLayoutK{})));
   using TmaV = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemVt{}, cute::take<0, 2>(SmemLayoutVt{})));
 
@@ -96,8 +97,8 @@ struct FwdTraits {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> q;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>, 1024> k;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutVt>, 1024> v;
-    uint64_t q_full;            // Q landed (transaction barrier)
-    uint64_t q_empty;           // every consumer warp is done with Q (persistent CTAs reload it)
+    uint64_t q_full[kQStages];   // Q landed (transaction barrier)
+    uint64_t q_empty[kQStages];  // every consumer warp is done with Q (persistent CTAs reload it)
     uint64_t k_full[kStages];   // K stage landed (transaction barrier)
     uint64_t k_empty[kStages];  // every consumer warp is done reading the K stage
     uint64_t v_full[kStages];
