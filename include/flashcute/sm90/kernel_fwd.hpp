@@ -271,11 +271,21 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
   int q_stage = 0;          // the Q buffer of the tile being computed
   bool first_done = false;  // its first block's probabilities are in rP already
   OnlineSoftmax<kRows> softmax(scale_log2);
+  // Each tile is decoded once (integer divisions), after the tile before it has run its main
+  // loop, where the next tile's first S needs it.
   unsigned u = blockIdx.x, j = 0;  // tile 0 of a unit is always valid
+  Tile tile = tile_at(u, j);
+  unsigned next_u, next_j;
+  Tile next;
+  auto find_next = [&]() FLASHCUTE_INLINE {
+    next_u = u, next_j = j;
+    do {
+      next_tile(next_u, next_j);
+      if (next_u >= num_units) break;
+      next = tile_at(next_u, next_j);
+    } while (!next.valid);
+  };
   while (u < num_units) {
-    const Tile tile = tile_at(u, j);
-    unsigned next_u = u, next_j = j;
-    do next_tile(next_u, next_j); while (next_u < num_units && !tile_at(next_u, next_j).valid);
     const int m0 = tile.m_block * kBlockM;
     clear(acc_o);
     if (!first_done) softmax = OnlineSoftmax<kRows>(scale_log2);
@@ -293,27 +303,35 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
     };
 
     // Epilogue: normalise, then each thread stores its column pairs straight to global memory.
+    // A thread's columns are its first one plus compile-time offsets, so each 4-byte store takes
+    // one row pointer and an immediate offset; the column test is only needed where the user's
+    // head dim is narrower than the kernel's.
     auto store_tile = [&]() FLASHCUTE_INLINE {
       float lse[kRows];
       softmax.finalize(acc_o_rc, lse);
-      auto* o_ptr =
-          static_cast<Element*>(params.o) + tile.batch * params.o_batch_stride + tile.head * params.o_head_stride;
       Tensor rO = convert_fragment<Element>(acc_o);                           // ((2,2,D/8),MMA_M,MMA_D)
       Tensor rO_rc = make_tensor(rO.data(), gmma_rowcol_layout(rO.layout()));  // ((2,MMA_M),(2,D/8,MMA_D))
-      CUTE_UNROLL
-      for (int r = 0; r < size<0>(rO_rc); ++r) {
-        const int row = m0 + get<0>(tOcO_rc(r, 0));
-        if (row >= params.seqlen_q) continue;
-        Element* o_row = o_ptr + int64_t(row) * params.o_row_stride;
+      const int col0 = get<1>(tOcO_rc(0, 0));
+      auto* o_ptr = static_cast<Element*>(params.o) + tile.batch * params.o_batch_stride +
+                    tile.head * params.o_head_stride + col0;
+      auto store_rows = [&](auto check_cols) FLASHCUTE_INLINE {
         CUTE_UNROLL
-        for (int c = 0; c < size<1>(rO_rc); c += 2) {  // (c, c + 1): adjacent columns, one 4-byte store
-          const int col = get<1>(tOcO_rc(r, c));
-          if (col < params.head_dim) {
-            Element pair[2] = {rO_rc(r, c), rO_rc(r, c + 1)};
-            *reinterpret_cast<uint32_t*>(o_row + col) = *reinterpret_cast<uint32_t*>(pair);
+        for (int r = 0; r < size<0>(rO_rc); ++r) {
+          const int row = m0 + get<0>(tOcO_rc(r, 0));
+          if (row >= params.seqlen_q) continue;
+          Element* o_row = o_ptr + int64_t(row) * params.o_row_stride;
+          CUTE_UNROLL
+          for (int c = 0; c < size<1>(rO_rc); c += 2) {  // (c, c + 1): adjacent columns, one 4-byte store
+            const int dc = get<1>(tOcO_rc(r, c)) - col0;
+            if (!decltype(check_cols)::value || col0 + dc < params.head_dim) {
+              Element pair[2] = {rO_rc(r, c), rO_rc(r, c + 1)};
+              *reinterpret_cast<uint32_t*>(o_row + dc) = *reinterpret_cast<uint32_t*>(pair);
+            }
           }
         }
-      }
+      };
+      if (params.head_dim == kHeadDim) store_rows(cute::false_type{});
+      else store_rows(cute::true_type{});
       if (params.lse != nullptr && get<1>(tOcO_rc(0, 0)) == 0) {  // one thread of each row's quad
         float* lse_ptr = params.lse + tile.batch * params.lse_batch_stride + tile.head * params.lse_head_stride;
         CUTE_UNROLL
@@ -362,14 +380,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
       // Every Q K^T of the tile is done: the producer may load a later tile's Q into this buffer.
       release(storage.q_empty[q_stage]);
       TxBarrier::wait(&storage.v_full[stage_of(step - 1)], phase_of(step - 1));
+      find_next();
       bool early = false;  // the next tile's first S goes behind the last P V
-      Tile next{};
-      if constexpr (kQStages == 2) {
-        if (next_u < num_units) {
-          next = tile_at(next_u, next_j);
-          early = next.n_block_max > next.n_block_min;
-        }
-      }
+      if constexpr (kQStages == 2) early = next_u < num_units && next.n_block_max > next.n_block_min;
       if (early) {
         // Its Q is in the other buffer, and acc_s is free once P is converted.
         const int next_q_stage = q_round % kQStages;
@@ -399,10 +412,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
         first_done = false;
       }
     } else {
+      find_next();
       store_tile();  // no key visible: O = 0, lse = -inf
       first_done = false;
     }
     u = next_u, j = next_j;
+    tile = next;
   }
   // Warpgroup 1 passed the turn once more than warpgroup 0 took it (its first pass, before any
   // GEMM): take it, so that no arrival is left pending on the barrier.
