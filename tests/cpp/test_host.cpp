@@ -90,6 +90,7 @@ TEST(TileTable, Sm90ValidateNamesTheBrokenRule) {
       {{.head_dim = 128, .block_m = 128, .block_n = 128, .q_stages = 3}, "q_stages must be 1 or 2"},
       {{.head_dim = 256, .block_m = 128, .block_n = 128}, "tiles exceed the 227 KB shared-memory limit"},
       {{.head_dim = 256, .block_m = 128, .block_n = 64, .q_stages = 2}, "tiles exceed the 227 KB shared-memory limit"},
+      {{.head_dim = 256, .block_m = 128, .block_n = 80, .o_smem = true}, "tiles exceed the 227 KB shared-memory limit"},
       {{.head_dim = 64, .block_m = 192, .block_n = 64, .producer_regs = 24, .consumer_regs = 240},
        "the warpgroups' registers exceed the 64K register file"},
       {{.head_dim = 64, .block_m = 128, .block_n = 64, .producer_regs = 20}, "register counts must be multiples of 8 in [24, 256]"},

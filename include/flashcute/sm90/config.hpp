@@ -19,6 +19,9 @@ struct FwdConfig {
   // consumers issue the next tile's first Q K^T right behind this tile's last P V and store O
   // while it runs (the epilogue under the tensor cores); with 1, the epilogue comes first.
   int q_stages = 1;
+  // O staged through shared memory (stmatrix in, 16 bytes a thread out) instead of stored from
+  // the accumulators in 4-byte pairs: 4x fewer global store instructions.
+  bool o_smem = false;
   // Registers per thread after setmaxnreg: the producer gives up what the consumers take.
   int producer_regs = 24;
   int consumer_regs = 240;
@@ -28,8 +31,10 @@ struct FwdConfig {
 
   constexpr int consumer_warpgroups() const { return block_m / 64; }
   constexpr int num_threads() const { return 128 * (consumer_warpgroups() + 1); }
-  // `q_stages` Q tiles, then `stages` K tiles and `stages` V tiles, 2-byte elements, plus the barriers.
-  constexpr int smem_bytes() const { return (q_stages * block_m + 2 * stages * block_n) * head_dim * 2 + 1024; }
+  // `q_stages` Q tiles, `stages` K and V tiles, the O tile if staged, 2-byte elements, plus the barriers.
+  constexpr int smem_bytes() const {
+    return ((q_stages + (o_smem ? 1 : 0)) * block_m + 2 * stages * block_n) * head_dim * 2 + 1024;
+  }
 };
 
 // nullptr when cfg is valid, otherwise the first rule it breaks.
@@ -53,14 +58,14 @@ constexpr const char* validate(FwdConfig cfg) {
 // The tile table. Two consumer warpgroups of 64 rows each; the longest key block whose K and V
 // double buffers fit beside Q, as FlashAttention-3 chose for these head dims (see perf-notes).
 // Up to d 128 a second Q buffer fits too, and puts each tile's epilogue under the next tile's
-// first Q K^T (perf-notes v29).
+// first Q K^T (perf-notes v29), and so does an O buffer for 16-byte stores (v34).
 constexpr FwdConfig default_fwd_config(int head_dim) {
   switch (head_dim) {
     // Ping-pong at d 96 and 128, not at d 64 (same-machine A/B, perf-notes v26).
-    case 32: return {.head_dim = 32, .block_m = 128, .block_n = 128, .q_stages = 2};
-    case 64: return {.head_dim = 64, .block_m = 128, .block_n = 128, .q_stages = 2};
-    case 96: return {.head_dim = 96, .block_m = 128, .block_n = 128, .q_stages = 2, .pingpong = true};
-    case 128: return {.head_dim = 128, .block_m = 128, .block_n = 128, .q_stages = 2, .pingpong = true};
+    case 32: return {.head_dim = 32, .block_m = 128, .block_n = 128, .q_stages = 2, .o_smem = true};
+    case 64: return {.head_dim = 64, .block_m = 128, .block_n = 128, .q_stages = 2, .o_smem = true};
+    case 96: return {.head_dim = 96, .block_m = 128, .block_n = 128, .q_stages = 2, .o_smem = true, .pingpong = true};
+    case 128: return {.head_dim = 128, .block_m = 128, .block_n = 128, .q_stages = 2, .o_smem = true, .pingpong = true};
     case 192: return {.head_dim = 192, .block_m = 128, .block_n = 96};
     // 80 keys, not 64: the Q K^T wgmma reads fewer shared-memory bytes per flop (perf-notes v30).
     case 256: return {.head_dim = 256, .block_m = 128, .block_n = 80};

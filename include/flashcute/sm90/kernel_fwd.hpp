@@ -26,6 +26,7 @@
 #include "flashcute/common/mask.hpp"
 #include "flashcute/common/params.hpp"
 #include "flashcute/common/softmax.hpp"
+#include "flashcute/sm80/copy.hpp"
 #include "flashcute/sm90/traits.hpp"
 
 #define FLASHCUTE_INLINE __attribute__((always_inline))
@@ -302,36 +303,64 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
       softmax.rescale_scores(scores, rescale);
     };
 
-    // Epilogue: normalise, then each thread stores its column pairs straight to global memory.
-    // A thread's columns are its first one plus compile-time offsets, so each 4-byte store takes
-    // one row pointer and an immediate offset; the column test is only needed where the user's
-    // head dim is narrower than the kernel's.
-    auto store_tile = [&]() FLASHCUTE_INLINE {
+    // Epilogue: normalise, then store O. With o_smem, each warpgroup stages its 64 rows in shared
+    // memory with stmatrix and stores them 16 bytes a thread. Otherwise each thread stores its
+    // column pairs straight to global memory: its columns are its first one plus compile-time
+    // offsets, so each 4-byte store takes one row pointer and an immediate offset, and the column
+    // test is only needed where the user's head dim is narrower than the kernel's.
+    auto epilogue = [&]() FLASHCUTE_INLINE {
       float lse[kRows];
       softmax.finalize(acc_o_rc, lse);
-      Tensor rO = convert_fragment<Element>(acc_o);                           // ((2,2,D/8),MMA_M,MMA_D)
-      Tensor rO_rc = make_tensor(rO.data(), gmma_rowcol_layout(rO.layout()));  // ((2,MMA_M),(2,D/8,MMA_D))
-      const int col0 = get<1>(tOcO_rc(0, 0));
-      auto* o_ptr = static_cast<Element*>(params.o) + tile.batch * params.o_batch_stride +
-                    tile.head * params.o_head_stride + col0;
-      auto store_rows = [&](auto check_cols) FLASHCUTE_INLINE {
-        CUTE_UNROLL
-        for (int r = 0; r < size<0>(rO_rc); ++r) {
-          const int row = m0 + get<0>(tOcO_rc(r, 0));
-          if (row >= params.seqlen_q) continue;
-          Element* o_row = o_ptr + int64_t(row) * params.o_row_stride;
+      Tensor rO = convert_fragment<Element>(acc_o);  // ((2,2,D/8),MMA_M,MMA_D)
+      auto* o_tile =
+          static_cast<Element*>(params.o) + tile.batch * params.o_batch_stride + tile.head * params.o_head_stride;
+      if constexpr (Traits::kConfig.o_smem) {
+        Tensor sO = make_tensor(make_smem_ptr(storage.o.data()), typename Traits::SmemLayoutO{});  // (BLK_M,D)
+        auto smem_copy_o = make_tiled_copy_C(typename Traits::SmemCopyAtomO{}, mma_pv);
+        auto smem_thr_copy_o = smem_copy_o.get_thread_slice(mma_tid);
+        Tensor taccOrO = smem_thr_copy_o.retile_S(rO);     // (CPY,MMA_M,MMA_D)
+        Tensor taccOsO = smem_thr_copy_o.partition_D(sO);  // (CPY,CPY_M,CPY_D)
+        // Every thread of this warpgroup has read its rows of the previous tile's O.
+        cutlass::arch::NamedBarrier::sync(128, 2 + wg);
+        copy(smem_copy_o, taccOrO, taccOsO);
+        // The rows are all written before threads read rows that other warps wrote.
+        cutlass::arch::NamedBarrier::sync(128, 2 + wg);
+        using TileO = Shape<Int<64>, Int<kHeadDim>>;
+        const int row0 = m0 + 64 * wg;
+        Tensor gO = make_tensor(make_gmem_ptr(o_tile + int64_t(row0) * params.o_row_stride), TileO{},
+                                make_stride(params.o_row_stride, _1{}));  // (64,D)
+        Tensor sO_wg = local_tile(sO, TileO{}, make_coord(wg, 0));        // (64,D)
+        typename Traits::GmemTiledCopyO gmem_copy_o;
+        auto gmem_thr_copy_o = gmem_copy_o.get_thread_slice(mma_tid % 128);
+        Tensor tOsO = gmem_thr_copy_o.partition_S(sO_wg);                            // (CPY,CPY_M,CPY_D)
+        Tensor tOgO = gmem_thr_copy_o.partition_D(gO);                               // (CPY,CPY_M,CPY_D)
+        Tensor tOcO_wg = gmem_thr_copy_o.partition_D(make_identity_tensor(TileO{}));  // (CPY,CPY_M,CPY_D) -> (row,col)
+        Tensor tOrO = make_tensor<Element>(shape(tOgO));                             // (CPY,CPY_M,CPY_D)
+        copy(gmem_copy_o, tOsO, tOrO);
+        sm80::store_tile(gmem_copy_o, tOrO, tOgO, tOcO_wg, params.seqlen_q - row0, params.head_dim);
+      } else {
+        Tensor rO_rc = make_tensor(rO.data(), gmma_rowcol_layout(rO.layout()));  // ((2,MMA_M),(2,D/8,MMA_D))
+        const int col0 = get<1>(tOcO_rc(0, 0));
+        Element* o_ptr = o_tile + col0;
+        auto store_rows = [&](auto check_cols) FLASHCUTE_INLINE {
           CUTE_UNROLL
-          for (int c = 0; c < size<1>(rO_rc); c += 2) {  // (c, c + 1): adjacent columns, one 4-byte store
-            const int dc = get<1>(tOcO_rc(r, c)) - col0;
-            if (!decltype(check_cols)::value || col0 + dc < params.head_dim) {
-              Element pair[2] = {rO_rc(r, c), rO_rc(r, c + 1)};
-              *reinterpret_cast<uint32_t*>(o_row + dc) = *reinterpret_cast<uint32_t*>(pair);
+          for (int r = 0; r < size<0>(rO_rc); ++r) {
+            const int row = m0 + get<0>(tOcO_rc(r, 0));
+            if (row >= params.seqlen_q) continue;
+            Element* o_row = o_ptr + int64_t(row) * params.o_row_stride;
+            CUTE_UNROLL
+            for (int c = 0; c < size<1>(rO_rc); c += 2) {  // (c, c + 1): adjacent columns, one 4-byte store
+              const int dc = get<1>(tOcO_rc(r, c)) - col0;
+              if (!decltype(check_cols)::value || col0 + dc < params.head_dim) {
+                Element pair[2] = {rO_rc(r, c), rO_rc(r, c + 1)};
+                *reinterpret_cast<uint32_t*>(o_row + dc) = *reinterpret_cast<uint32_t*>(pair);
+              }
             }
           }
-        }
-      };
-      if (params.head_dim == kHeadDim) store_rows(cute::false_type{});
-      else store_rows(cute::true_type{});
+        };
+        if (params.head_dim == kHeadDim) store_rows(cute::false_type{});
+        else store_rows(cute::true_type{});
+      }
       if (params.lse != nullptr && get<1>(tOcO_rc(0, 0)) == 0) {  // one thread of each row's quad
         float* lse_ptr = params.lse + tile.batch * params.lse_batch_stride + tile.head * params.lse_head_stride;
         CUTE_UNROLL
@@ -395,7 +424,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
         ++q_round;
         warpgroup_wait<1>();  // the last P V is done; the next tile's S runs on under the epilogue
         release(storage.v_empty[stage_of(step - 1)]);
-        store_tile();
+        epilogue();
         softmax = OnlineSoftmax<kRows>(scale_log2);
         warpgroup_wait<0>();
         release(storage.k_empty[stage_of(step)]);
@@ -408,12 +437,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
         wgmma_gemm<false, true>(mma_pv, tOrP, tOrV(_, _, _, stage_of(step - 1)), acc_o);
         warpgroup_wait<0>();
         release(storage.v_empty[stage_of(step - 1)]);
-        store_tile();
+        epilogue();
         first_done = false;
       }
     } else {
       find_next();
-      store_tile();  // no key visible: O = 0, lse = -inf
+      epilogue();  // no key visible: O = 0, lse = -inf
       first_done = false;
     }
     u = next_u, j = next_j;

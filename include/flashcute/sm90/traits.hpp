@@ -5,9 +5,13 @@
 // the TMA copies that fill them. The kernel body only uses these.
 #pragma once
 
+#include <type_traits>
+
 #include <cute/tensor.hpp>
+#include <cute/arch/copy_sm90.hpp>
 #include <cute/arch/copy_sm90_tma.hpp>
 #include <cute/arch/mma_sm90.hpp>
+#include <cute/atom/copy_traits_sm90.hpp>
 #include <cute/atom/copy_traits_sm90_tma.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 
@@ -75,6 +79,20 @@ struct FwdTraits {
                                                     cute::Shape<HeadDim, BlkN, cute::Int<kStages>>{},
                                                     cute::Step<cute::_2, cute::_1, cute::_3>{}));
 
+  // O staged for the epilogue (config o_smem): (BLK_M,D), consumer warpgroup w owning rows
+  // [64 w, 64 w + 64). Written by stmatrix from the P V accumulators' layout, read back 16 bytes
+  // a thread, rows of kOThreadsPerRow threads, and stored to global memory the same way.
+  using SmemLayoutO = decltype(cute::tile_to_shape(gmma_smem_atom<Element, cute::GMMA::Major::K, kHeadDim>(),
+                                                   cute::Shape<BlkM, HeadDim>{}));  // (BLK_M,D)
+  using SmemCopyAtomO = cute::Copy_Atom<cute::SM90_U32x4_STSM_N, Element>;
+  static constexpr int kOChunksPerRow = kHeadDim / 8;
+  static constexpr int kOThreadsPerRow = kOChunksPerRow % 16 == 0 ? 16 : (kOChunksPerRow % 8 == 0 ? 8 : 4);
+  using GmemTiledCopyO = decltype(cute::make_tiled_copy(
+      cute::Copy_Atom<cute::UniversalCopy<cute::uint128_t>, Element>{},
+      cute::Layout<cute::Shape<cute::Int<128 / kOThreadsPerRow>, cute::Int<kOThreadsPerRow>>,
+                   cute::Stride<cute::Int<kOThreadsPerRow>, cute::_1>>{},
+      cute::Layout<cute::Shape<cute::_1, cute::_8>>{}));
+
   // Global tensors as the TMA descriptors see them: (seqlen, d, head, batch) for Q and K,
   // (d, seqlen, head, batch) for V (the transposed view of the same memory).
   using ShapeQKV = cute::Shape<int32_t, int32_t, int32_t, int32_t>;
@@ -92,11 +110,15 @@ struct FwdTraits {
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kKvBytes = kBlockN * kHeadDim * sizeof(Element);
 
+  struct NoOStorage {};
+  using OStorage =
+      std::conditional_t<kCfg.o_smem, cute::array_aligned<Element, cute::cosize_v<SmemLayoutO>, 1024>, NoOStorage>;
   struct SharedStorage {
     // 1024 B alignment: the 128 B swizzle pattern repeats every 8 rows of 128 B.
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> q;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>, 1024> k;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutVt>, 1024> v;
+    OStorage o;
     uint64_t q_full[kQStages];   // Q landed (transaction barrier)
     uint64_t q_empty[kQStages];  // every consumer warp is done with Q (persistent CTAs reload it)
     uint64_t k_full[kStages];   // K stage landed (transaction barrier)
