@@ -9,6 +9,8 @@
 
 #include <cute/tensor.hpp>
 
+#include "flashcute/common/store.hpp"  // store_tile, for the epilogues beside these loads
+
 namespace flashcute::sm80 {
 
 // src/dst: (CPY,CPY_M,CPY_K) partitions of one tile; coord: the same partition of
@@ -54,23 +56,6 @@ CUTE_DEVICE void load_tile_gather(TiledCopy const& tiled_copy, SrcTensor const& 
       const bool ok = row_ok && cute::get<1>(coord(0, m, k)) < max_cols;
       auto chunk = src(cute::_, m, k);
       cute::copy(tiled_copy.with(ok), cute::make_tensor(chunk.data() + shift, chunk.layout()), dst(cute::_, m, k));
-    }
-  }
-}
-
-// Registers -> global, only the valid rows and columns.
-template <class TiledCopy, class SrcTensor, class DstTensor, class CoordTensor>
-CUTE_DEVICE void store_tile(TiledCopy const& tiled_copy, SrcTensor const& src, DstTensor&& dst, CoordTensor const& coord,
-                            int max_rows, int max_cols) {
-  CUTE_UNROLL
-  for (int m = 0; m < cute::size<1>(src); ++m) {
-    if (cute::get<0>(coord(0, m, 0)) < max_rows) {
-      CUTE_UNROLL
-      for (int k = 0; k < cute::size<2>(src); ++k) {
-        if (cute::get<1>(coord(0, m, k)) < max_cols) {
-          cute::copy(tiled_copy, src(cute::_, m, k), dst(cute::_, m, k));
-        }
-      }
     }
   }
 }

@@ -3,15 +3,17 @@
 // A CTA computes BLK_M x D tiles of O, each for one (batch, head): one tile, or, persistent, every
 // gridDim.x-th tile of the list (sm90/launch_fwd.hpp chooses). Warpgroup 0 is the producer: it
 // gives most of its registers away (setmaxnreg) and one thread of its first warp issues the TMA
-// loads, a tile's Q, then its K and V block by block into `stages`-deep rings of shared-memory
-// buffers, each guarded by a pair of mbarriers (full: the TMA's bytes have landed; empty: every
-// consumer warp has finished reading). The other warpgroups are consumers, 64 query rows each:
+// loads, a tile's Q (into one of `q_stages` buffers), then its K and V block by block into
+// `stages`-deep rings of shared-memory buffers, each guarded by a pair of mbarriers (full: the
+// TMA's bytes have landed; empty: every consumer warp has finished reading). The other
+// warpgroups are consumers, 64 query rows each:
 // S = Q K^T with both operands read by wgmma from shared memory, the online softmax on the
 // accumulator, then O += P V with P taken from registers; the S of the next block and the P V of
 // this one are in flight together, so the softmax runs under the tensor cores. Blocks are walked
 // from the last to the first, so the ragged and diagonal blocks, the ones that need a mask, come
 // first, as in the sm80 kernel. TMA zero-fills rows and columns outside the arrays, so the loads
-// need no predication.
+// need no predication. With two Q buffers the next tile's first S runs under this tile's
+// epilogue, which stores O from the accumulators or, with `o_smem`, through shared memory.
 //
 // Built only for sm_90a (wgmma and setmaxnreg exist nowhere else); the body is empty on any
 // other target, and the host dispatch never launches it there.
@@ -26,7 +28,7 @@
 #include "flashcute/common/mask.hpp"
 #include "flashcute/common/params.hpp"
 #include "flashcute/common/softmax.hpp"
-#include "flashcute/sm80/copy.hpp"
+#include "flashcute/common/store.hpp"
 #include "flashcute/sm90/traits.hpp"
 
 #define FLASHCUTE_INLINE __attribute__((always_inline))
@@ -337,7 +339,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
         Tensor tOcO_wg = gmem_thr_copy_o.partition_D(make_identity_tensor(TileO{}));  // (CPY,CPY_M,CPY_D) -> (row,col)
         Tensor tOrO = make_tensor<Element>(shape(tOgO));                             // (CPY,CPY_M,CPY_D)
         copy(gmem_copy_o, tOsO, tOrO);
-        sm80::store_tile(gmem_copy_o, tOrO, tOgO, tOcO_wg, params.seqlen_q - row0, params.head_dim);
+        store_tile(gmem_copy_o, tOrO, tOgO, tOcO_wg, params.seqlen_q - row0, params.head_dim);
       } else {
         Tensor rO_rc = make_tensor(rO.data(), gmma_rowcol_layout(rO.layout()));  // ((2,MMA_M),(2,D/8,MMA_D))
         const int col0 = get<1>(tOcO_rc(0, 0));
