@@ -288,22 +288,43 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
       next = tile_at(next_u, next_j);
     } while (!next.valid);
   };
+  // Softcap, mask and exponentiate the scores (acc_s) of block n_block of the tile at row tile_m0,
+  // and say how much O must shrink.
+  auto scores_to_probs = [&](int tile_m0, int n_block) FLASHCUTE_INLINE {
+    const int n0 = n_block * kBlockN;
+    if (use_softcap) {
+      CUTE_UNROLL
+      for (int j = 0; j < size(acc_s); ++j) acc_s(j) = tanhf(acc_s(j) * softcap_prescale);
+    }
+    if (mask.tile_needs_mask(tile_m0, kBlockM, n0, kBlockN)) mask.apply(scores, tScS_rc, tile_m0, n0);
+    softmax.rescale_scores(scores, rescale);
+  };
+
+  // Wait for the Q of load `q_round` (in buffer qs) and the K of block `step`.
+  auto wait_q_k = [&](int qs) FLASHCUTE_INLINE {
+    TxBarrier::wait(&storage.q_full[qs], q_phase_of(q_round));
+    TxBarrier::wait(&storage.k_full[stage_of(step)], phase_of(step));
+  };
+  // Issue S = Q K^T (Q: one buffer's descriptors, K: the stage of `step`), or O += P V of the
+  // block before `step`. Not waited for: each caller waits on its own path.
+  auto issue_s = [&](auto const& tSrQ_q) FLASHCUTE_INLINE {
+    wgmma_gemm<true, false>(mma_qk, tSrQ_q, tSrK(_, _, _, stage_of(step)), acc_s);
+  };
+  auto issue_pv = [&]() FLASHCUTE_INLINE {
+    wgmma_gemm<false, true>(mma_pv, tOrP, tOrV(_, _, _, stage_of(step - 1)), acc_o);
+  };
+  // A tile's first block, once its S has completed: the K stage is free, the probabilities go to
+  // rP (O is still zero: nothing to rescale), and the block is counted.
+  auto first_probs = [&](int tile_m0, int n_block) FLASHCUTE_INLINE {
+    release(storage.k_empty[stage_of(step)]);
+    scores_to_probs(tile_m0, n_block);
+    convert_fragment_into(acc_s, rP);
+    ++step;
+  };
   while (u < num_units) {
     const int m0 = tile.m_block * kBlockM;
     clear(acc_o);
     if (!first_done) softmax = OnlineSoftmax<kRows>(scale_log2);
-
-    // Softcap, mask and exponentiate the scores (acc_s) of block n_block of the tile at row m0, and
-    // say how much O must shrink.
-    auto scores_to_probs = [&](int tile_m0, int n_block) FLASHCUTE_INLINE {
-      const int n0 = n_block * kBlockN;
-      if (use_softcap) {
-        CUTE_UNROLL
-        for (int j = 0; j < size(acc_s); ++j) acc_s(j) = tanhf(acc_s(j) * softcap_prescale);
-      }
-      if (mask.tile_needs_mask(tile_m0, kBlockM, n0, kBlockN)) mask.apply(scores, tScS_rc, tile_m0, n0);
-      softmax.rescale_scores(scores, rescale);
-    };
 
     // Epilogue: normalise, then store O. With o_smem, each warpgroup stages its 64 rows in shared
     // memory with stmatrix and stores them 16 bytes a thread. Otherwise each thread stores its
@@ -377,17 +398,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
       // The first (last, possibly ragged) block: S, then its probabilities; O is still zero.
       if (!first_done) {
         q_stage = q_round % kQStages;
-        TxBarrier::wait(&storage.q_full[q_stage], q_phase_of(q_round));
-        TxBarrier::wait(&storage.k_full[stage_of(step)], phase_of(step));
+        wait_q_k(q_stage);
         my_turn();
-        wgmma_gemm<true, false>(mma_qk, tSrQ(_, _, _, q_stage), tSrK(_, _, _, stage_of(step)), acc_s);
+        issue_s(tSrQ(_, _, _, q_stage));
         pass_turn();
         ++q_round;
         warpgroup_wait<0>();
-        release(storage.k_empty[stage_of(step)]);
-        scores_to_probs(m0, tile.n_block_max - 1);
-        convert_fragment_into(acc_s, rP);
-        ++step;
+        first_probs(m0, tile.n_block_max - 1);
       }
       Tensor tSrQ_tile = tSrQ(_, _, _, q_stage);  // (MMA,MMA_M,MMA_K)
 
@@ -397,8 +414,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
         TxBarrier::wait(&storage.k_full[stage_of(step)], phase_of(step));
         TxBarrier::wait(&storage.v_full[stage_of(step - 1)], phase_of(step - 1));
         my_turn();
-        wgmma_gemm<true, false>(mma_qk, tSrQ_tile, tSrK(_, _, _, stage_of(step)), acc_s);
-        wgmma_gemm<false, true>(mma_pv, tOrP, tOrV(_, _, _, stage_of(step - 1)), acc_o);
+        issue_s(tSrQ_tile);
+        issue_pv();
         pass_turn();
         warpgroup_wait<1>();  // S is done (P V, committed after it, may still run)
         release(storage.k_empty[stage_of(step)]);
@@ -417,11 +434,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
       if (early) {
         // Its Q is in the other buffer, and acc_s is free once P is converted.
         const int next_q_stage = q_round % kQStages;
-        TxBarrier::wait(&storage.q_full[next_q_stage], q_phase_of(q_round));
-        TxBarrier::wait(&storage.k_full[stage_of(step)], phase_of(step));
+        wait_q_k(next_q_stage);
         my_turn();
-        wgmma_gemm<false, true>(mma_pv, tOrP, tOrV(_, _, _, stage_of(step - 1)), acc_o);
-        wgmma_gemm<true, false>(mma_qk, tSrQ(_, _, _, next_q_stage), tSrK(_, _, _, stage_of(step)), acc_s);
+        issue_pv();
+        issue_s(tSrQ(_, _, _, next_q_stage));
         pass_turn();
         ++q_round;
         warpgroup_wait<1>();  // the last P V is done; the next tile's S runs on under the epilogue
@@ -429,14 +445,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
         epilogue();
         softmax = OnlineSoftmax<kRows>(scale_log2);
         warpgroup_wait<0>();
-        release(storage.k_empty[stage_of(step)]);
-        scores_to_probs(next.m_block * kBlockM, next.n_block_max - 1);
-        convert_fragment_into(acc_s, rP);
-        ++step;
+        first_probs(next.m_block * kBlockM, next.n_block_max - 1);
         q_stage = next_q_stage;
         first_done = true;
       } else {
-        wgmma_gemm<false, true>(mma_pv, tOrP, tOrV(_, _, _, stage_of(step - 1)), acc_o);
+        issue_pv();
         warpgroup_wait<0>();
         release(storage.v_empty[stage_of(step - 1)]);
         epilogue();
