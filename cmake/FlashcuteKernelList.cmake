@@ -37,6 +37,12 @@ set(_flashcute_params_splitkv FwdParams)
 set(_flashcute_params_bwd BwdParams)
 set(_flashcute_sm80_archs ${FLASHCUTE_PORTABLE_ARCH_LIST})  # the mma.sync path runs everywhere from sm80 on
 set(_flashcute_sm90_archs 90a)  # wgmma and setmaxnreg: compute capability 9.0 only, no PTX
+# Head dims whose sm90 forward has a second, long-sequence tile config (sm90::long_fwd_config in
+# include/flashcute/sm90/config.hpp; a head dim listed here without one fails a static_assert, one
+# missing here fails the link): one more TU each,
+# sm90_fwd_<dtype>_hdim<d>_long, instantiating sm90::launch_fwd_long. Not a kernel of its own in
+# the list: the dispatch picks between the two per call.
+set(_flashcute_sm90_long_head_dims 64)
 
 foreach(d IN LISTS FLASHCUTE_HEAD_DIM_LIST)
   if(NOT d IN_LIST FLASHCUTE_CATALOG_HEAD_DIMS)
@@ -74,9 +80,19 @@ foreach(_family IN LISTS FLASHCUTE_FAMILIES)
         set(KERNEL_DTYPE "${_flashcute_dtype_enum_${_dtype}}")
         set(KERNEL_HEAD_DIM "${_hdim}")
         set(KERNEL_PARAMS "${_flashcute_params_${_direction}}")
+        set(KERNEL_VARIANT "")
+        set(KERNEL_VARIANT_NOTE "")
         configure_file("${PROJECT_SOURCE_DIR}/src/kernel.cu.in" "${_flashcute_generated_dir}/${KERNEL_NAME}.cu" @ONLY)
         list(APPEND _sources "${_flashcute_generated_dir}/${KERNEL_NAME}.cu")
         list(APPEND FLASHCUTE_KERNEL_NAMES "${KERNEL_NAME}")
+        if(_family STREQUAL "sm90" AND _hdim IN_LIST _flashcute_sm90_long_head_dims)
+          set(KERNEL_VARIANT "_long")
+          set(KERNEL_VARIANT_NOTE ", long-sequence tiles")
+          configure_file("${PROJECT_SOURCE_DIR}/src/kernel.cu.in" "${_flashcute_generated_dir}/${KERNEL_NAME}_long.cu"
+                         @ONLY)
+          list(APPEND _sources "${_flashcute_generated_dir}/${KERNEL_NAME}_long.cu")
+          list(APPEND FLASHCUTE_KERNEL_NAMES "${KERNEL_NAME}_long")
+        endif()
         _flashcute_enumerator(_family_enum "${_family}")
         _flashcute_enumerator(_direction_enum "${_direction}")
         list(APPEND _flashcute_kernel_entries

@@ -53,6 +53,7 @@ class Case:
     softcap: float = 0.0
     packed_qkv: bool = False  # q, k, v are strided views of one (b, s, 3, h, d) tensor
     out_arg: bool = False  # pass a preallocated `out`
+    sm90_tiles: str = ""  # FLASHCUTE_SM90_TILES for this call ("long": d 64's 192 x 128 tiles)
 
     def describe(self) -> str:
         mask = "causal" if self.causal else "full"
@@ -63,6 +64,7 @@ class Case:
         return (
             f"b{self.batch} sq{self.seqlen_q} sk{self.seqlen_k} h{self.nheads}/{self.nheads_k} "
             f"d{self.headdim} {mask}" + (" packed-qkv" if self.packed_qkv else "") + (" out=" if self.out_arg else "")
+            + (f" sm90-tiles={self.sm90_tiles}" if self.sm90_tiles else "")
         )
 
 
@@ -79,6 +81,9 @@ CASES: tuple[Case, ...] = (
     Case("hdim192", 1, 113, 113, 2, 2, 192),
     Case("hdim256", 1, 113, 200, 2, 2, 256, causal=True),
     Case("packed-qkv-out", 2, 77, 77, 4, 4, 64, causal=True, packed_qkv=True, out_arg=True),
+    # d 64's long-sequence sm90 tiles (three consumer warpgroups), forced on small calls.
+    Case("long-tiles-ragged-causal", 2, 113, 300, 4, 2, 64, causal=True, sm90_tiles="long"),
+    Case("long-tiles-multiblock", 1, 400, 700, 4, 4, 64, sm90_tiles="long"),
 )
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -101,7 +106,25 @@ def make_inputs(case: Case, dtype: torch.dtype, seed: int) -> tuple[torch.Tensor
 def launch(case: Case, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """One flashcute call (asynchronous); returns (out, lse)."""
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if case.out_arg else None
-    result = flashcute.flash_attn_func(
+    saved = os.environ.get("FLASHCUTE_SM90_TILES")
+    if case.sm90_tiles:
+        os.environ["FLASHCUTE_SM90_TILES"] = case.sm90_tiles
+    try:
+        result = call_forward(case, q, k, v, out)
+    finally:
+        if saved is None:
+            os.environ.pop("FLASHCUTE_SM90_TILES", None)
+        else:
+            os.environ["FLASHCUTE_SM90_TILES"] = saved
+    if not (isinstance(result, tuple) and len(result) == 2):
+        raise TypeError(f"flash_attn_func(return_lse=True) returned {type(result).__name__}, expected (out, lse)")
+    if out is not None and result[0].data_ptr() != out.data_ptr():
+        raise ValueError("flash_attn_func(out=...) did not write into the given tensor")
+    return result
+
+
+def call_forward(case: Case, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor | None):
+    return flashcute.flash_attn_func(
         q,
         k,
         v,
@@ -112,11 +135,6 @@ def launch(case: Case, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tup
         return_lse=True,
         out=out,
     )
-    if not (isinstance(result, tuple) and len(result) == 2):
-        raise TypeError(f"flash_attn_func(return_lse=True) returned {type(result).__name__}, expected (out, lse)")
-    if out is not None and result[0].data_ptr() != out.data_ptr():
-        raise ValueError("flash_attn_func(out=...) did not write into the given tensor")
-    return result
 
 
 def check(
@@ -261,7 +279,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.sync_each:
                 torch.cuda.synchronize()
             # Which forward kernels ran it: sm90 (wgmma + TMA) on an H100/H200 with them built.
-            launched.append((case, dname, dtype, inputs, out, lse, flashcute.last_forward_path()))
+            bm, bn = flashcute.last_forward_tile()
+            launched.append((case, dname, dtype, inputs, out, lse, f"{flashcute.last_forward_path()} {bm}x{bn}"))
     torch.cuda.synchronize()
 
     passed = 0

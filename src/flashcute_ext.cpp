@@ -88,6 +88,11 @@ std::vector<std::tuple<std::string, std::string, std::string, int>> compiled_ker
 
 std::string last_forward_path() { return flashcute::arch_name(flashcute::last_forward_arch().load()); }
 
+std::tuple<int, int> last_forward_tile() {
+  const uint32_t tile = flashcute::last_forward_tile().load();
+  return {int(tile >> 16), int(tile & 0xffff)};
+}
+
 int kernel_head_dim(int64_t d) {
   if (d <= 0 || d % 8 != 0 || d > flashcute::kMaxHeadDim)
     value_error("headdim must be a multiple of 8 and <= " + std::to_string(flashcute::kMaxHeadDim) + ", got " +
@@ -214,6 +219,9 @@ NB_MODULE(_C, m) {
   m.def("last_forward_path", &last_forward_path,
         "The kernel family the last forward launch of this process ran on: 'sm90' (wgmma + TMA, Hopper) or\n"
         "'sm80' (mma.sync); 'sm80' before any launch. A diagnostic for tests and benchmarks.");
+  m.def("last_forward_tile", &last_forward_tile,
+        "The tile (block_m, block_n) of the kernel the last forward launch of this process ran on; (0, 0)\n"
+        "before any. FLASHCUTE_SM90_TILES=auto|base|long chooses the sm90 tiles. A diagnostic.");
   m.def("kernel_head_dim", &kernel_head_dim, "head_dim"_a,
         "The kernel head dim a user head dim runs on (the smallest compiled one >= head_dim), 0 if none.\n"
         "Raises ValueError unless head_dim is a multiple of 8 in [8, 256].");

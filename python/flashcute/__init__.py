@@ -46,6 +46,7 @@ __all__ = [
     "compiled_kernels",
     "kernel_head_dim",
     "last_forward_path",
+    "last_forward_tile",
 ]
 
 
@@ -89,6 +90,19 @@ def last_forward_path() -> str:
     this reports the launch made at capture time.
     """
     return _C.last_forward_path()
+
+
+def last_forward_tile() -> tuple[int, int]:
+    """The tile ``(block_m, block_n)`` of the kernel the last forward launch of this process ran on:
+    query rows per tile and keys per main-loop step; ``(0, 0)`` before any launch.
+
+    On the sm90 kernels some head dims have a second, long-sequence tile (head dim 64: 192 x 128
+    instead of 128 x 128), which a call takes when it is long enough to gain from it.
+    ``FLASHCUTE_SM90_TILES`` in the environment chooses: ``auto`` (the default), ``base`` (the
+    first tiles always) or ``long`` (the long-sequence tiles wherever a head dim has them); any
+    other value is a ValueError naming the variable. A diagnostic, like :func:`last_forward_path`.
+    """
+    return _C.last_forward_tile()
 
 
 def kernel_head_dim(head_dim: int) -> int:

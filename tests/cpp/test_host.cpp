@@ -4,9 +4,11 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <set>
 #include <sstream>
 #include <string>
+#include <utility>
 
 #include "flashcute/host/api.hpp"
 
@@ -72,6 +74,61 @@ TEST(TileTable, Sm90EveryCatalogHeadDimHasAValidConfig) {
     EXPECT_EQ(err, nullptr) << "head dim " << hd << ": " << err;
     EXPECT_LE(cfg.smem_bytes(), 227 * 1024) << "head dim " << hd;
   }
+}
+
+TEST(TileTable, Sm90LongSequenceConfigsAreValid) {
+  int with_long = 0;
+  for (int hd : flashcute::kKernelHeadDims) {
+    if (!flashcute::sm90::has_long_fwd_config(hd)) continue;
+    ++with_long;
+    const flashcute::sm90::FwdConfig cfg = flashcute::sm90::long_fwd_config(hd);
+    EXPECT_EQ(cfg.head_dim, hd);
+    const char* err = flashcute::sm90::validate(cfg);
+    EXPECT_EQ(err, nullptr) << "head dim " << hd << ": " << err;
+  }
+  EXPECT_EQ(with_long, 1);  // d 64 (192 x 128), as CMake's _flashcute_sm90_long_head_dims lists
+  EXPECT_EQ(flashcute::sm90::long_fwd_config(64).block_m, 192);
+  EXPECT_FALSE(flashcute::sm90::has_long_fwd_config(128));
+  EXPECT_FALSE(flashcute::sm90::has_long_fwd_config(0));
+}
+
+TEST(TileTable, Sm90LongTilesWhereTheyWereMeasuredFaster) {
+  using flashcute::sm90::use_long_tiles;
+  constexpr int kNone = -1, kSms = 132, kM = 192;
+  // (seqlen_q, seqlen_k, heads x batch, window_left, window_right, SMs, block_m)
+  EXPECT_FALSE(use_long_tiles(1024, 1024, 512, kNone, kNone, kSms, kM));  // no mask: equal at 1k
+  EXPECT_TRUE(use_long_tiles(2048, 2048, 256, kNone, kNone, kSms, kM));   // +11% at 2k
+  EXPECT_TRUE(use_long_tiles(16384, 16384, 32, kNone, kNone, kSms, kM));
+  EXPECT_FALSE(use_long_tiles(2048, 1000, 256, kNone, kNone, kSms, kM));  // short keys
+  EXPECT_FALSE(use_long_tiles(4096, 4096, 128, kNone, 0, kSms, kM));      // causal: from 8k only
+  EXPECT_TRUE(use_long_tiles(8192, 8192, 64, kNone, 0, kSms, kM));
+  EXPECT_FALSE(use_long_tiles(16384, 16384, 64, 256, 0, kSms, kM));       // windows: never
+  EXPECT_FALSE(use_long_tiles(16384, 16384, 64, kNone, 128, kSms, kM));
+  // Too few tiles to give each SM two: 11 query tiles x 4 heads.
+  EXPECT_FALSE(use_long_tiles(2048, 2048, 4, kNone, kNone, kSms, kM));
+  EXPECT_TRUE(use_long_tiles(2048, 2048, 4, kNone, kNone, 16, kM));
+  EXPECT_FALSE(use_long_tiles(16384, 16384, 64, kNone, kNone, kSms, 0));  // no long config
+}
+
+TEST(TileTable, Sm90TilesSettingIsReadFromTheEnvironment) {
+  using flashcute::Sm90Tiles;
+  Sm90Tiles tiles;
+  unsetenv("FLASHCUTE_SM90_TILES");
+  ASSERT_TRUE(flashcute::sm90_tiles_setting(tiles).ok());
+  EXPECT_EQ(tiles, Sm90Tiles::kAuto);
+  const std::pair<const char*, Sm90Tiles> good[] = {
+      {"", Sm90Tiles::kAuto}, {"auto", Sm90Tiles::kAuto}, {"base", Sm90Tiles::kBase}, {"long", Sm90Tiles::kLong}};
+  for (const auto& [value, expected] : good) {
+    setenv("FLASHCUTE_SM90_TILES", value, 1);
+    ASSERT_TRUE(flashcute::sm90_tiles_setting(tiles).ok()) << value;
+    EXPECT_EQ(tiles, expected) << value;
+  }
+  setenv("FLASHCUTE_SM90_TILES", "wide", 1);
+  const flashcute::Status st = flashcute::sm90_tiles_setting(tiles);
+  unsetenv("FLASHCUTE_SM90_TILES");
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message.find("FLASHCUTE_SM90_TILES"), std::string::npos) << st.message;
+  EXPECT_NE(st.message.find("auto, base or long"), std::string::npos) << st.message;
 }
 
 TEST(TileTable, Sm90ValidateNamesTheBrokenRule) {

@@ -153,3 +153,70 @@ def test_both_paths_match_the_reference(torch, monkeypatch, case):
     assert (path90, path80) == ("sm90", "sm80")
     assert res90.ok, "sm90: " + res90.message
     assert res80.ok, "sm80: " + res80.message
+
+
+# The sm90 kernels' second tile table (sm90::long_fwd_config): head dim 64 has 192 x 128 tiles,
+# three consumer warpgroups, beside the first table's 128 x 128. FLASHCUTE_SM90_TILES forces
+# either; both must compute the same attention on every kind of call, not only the long ones
+# the automatic choice gives them.
+TILES = {"base": (128, 128), "long": (192, 128)}
+LONG_CASES = [
+    dict(),
+    dict(sq=1, sk=1),
+    dict(sq=17, sk=17, dtype="float16"),
+    dict(sq=113, sk=1000, causal=True),
+    dict(sq=1000, sk=113, causal=True),
+    dict(sq=1000, sk=1000, causal=True, b=4, h=16),  # several tiles per persistent CTA, in pairs
+    dict(sq=577, sk=1500, b=8, h=16),  # several tiles per CTA, the next tile's first S early
+    dict(window=(100, 3), sq=700, sk=700),
+    dict(softcap=30.0, sq=257, sk=257),
+    dict(h=16, hk=2, sq=129, sk=1000),
+    dict(h=8, hk=1, sq=1, sk=1000),
+    dict(d=40, sq=200, sk=300),
+]
+
+
+@pytest.mark.parametrize("tiles", list(TILES))
+@pytest.mark.parametrize("case", LONG_CASES, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.items()) or "default")
+def test_both_sm90_tiles_match_the_reference(torch, monkeypatch, case, tiles):
+    dtype = case.get("dtype", "bfloat16")
+    d = case.get("d", 64)
+    if flashcute.kernel_head_dim(d) != 64 or dtype not in flashcute.compiled_dtypes():
+        pytest.skip(f"{dtype} head dim 64 is not compiled in this build")
+    if why := sm90_available(torch, dtype, 64):
+        pytest.skip(why)
+    monkeypatch.delenv("FLASHCUTE_FORWARD_PATH", raising=False)
+    monkeypatch.setenv("FLASHCUTE_SM90_TILES", tiles)
+    kw = {key: case[key] for key in ("b", "sq", "sk", "h", "hk", "causal", "window", "softcap") if key in case}
+    path, _, res = run(torch, d=d, dtype=dtype, **kw)
+    assert path == "sm90"
+    assert flashcute.last_forward_tile() == TILES[tiles]
+    assert res.ok, f"{tiles} tiles: " + res.message
+
+
+@pytest.mark.parametrize("kw,tiles", [
+    (dict(b=1, h=32, sq=2048, sk=2048), "long"),  # no mask from 2k keys, 352 tiles of 192 rows
+    (dict(b=1, h=32, sq=1024, sk=1024), "base"),  # equal at 1k: the first table
+    (dict(b=1, h=32, sq=4096, sk=4096, causal=True), "base"),  # causal: from 8k only
+    (dict(b=1, h=2, sq=2048, sk=2048), "base"),  # 22 tiles: too few for 132 SMs
+], ids=["full-2k", "full-1k", "causal-4k", "few-tiles"])
+def test_automatic_tile_choice(torch, monkeypatch, kw, tiles):
+    if why := sm90_available(torch, "bfloat16", 64):
+        pytest.skip(why)
+    if torch.cuda.get_device_properties(0).multi_processor_count > 132:
+        pytest.skip("the few-tiles case assumes at most 132 SMs")
+    monkeypatch.delenv("FLASHCUTE_FORWARD_PATH", raising=False)
+    monkeypatch.delenv("FLASHCUTE_SM90_TILES", raising=False)
+    path, _, res = run(torch, d=64, **kw)
+    assert (path, flashcute.last_forward_tile()) == ("sm90", TILES[tiles])
+    assert res.ok, res.message
+
+
+def test_bad_tiles_setting_is_an_error(torch, monkeypatch):
+    if why := sm90_available(torch, "bfloat16", 64):
+        pytest.skip(why)
+    monkeypatch.delenv("FLASHCUTE_FORWARD_PATH", raising=False)
+    monkeypatch.setenv("FLASHCUTE_SM90_TILES", "wide")
+    q = torch.randn(1, 64, 2, 64, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="FLASHCUTE_SM90_TILES"):
+        flashcute.flash_attn_func(q, q, q)

@@ -8,6 +8,7 @@
 #include <cuda_runtime_api.h>
 
 #include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <type_traits>
@@ -21,7 +22,34 @@
 
 namespace flashcute {
 
+// The sm90 tile table: FLASHCUTE_SM90_TILES=base keeps every sm90 forward on the first table's
+// tiles (sm90::default_fwd_config), "long" takes the long-sequence tiles wherever a head dim has
+// them (sm90::long_fwd_config), unset or "auto" lets sm90::use_long_tiles choose per call. Read
+// at every launch (getenv: no device call), so tests and benchmarks can switch it between calls.
+enum class Sm90Tiles : uint8_t { kAuto, kBase, kLong };
+
+inline Status sm90_tiles_setting(Sm90Tiles& tiles) {
+  const char* env = std::getenv("FLASHCUTE_SM90_TILES");
+  tiles = Sm90Tiles::kAuto;
+  if (env == nullptr || *env == '\0' || !std::strcmp(env, "auto")) return Status::success();
+  if (!std::strcmp(env, "base")) tiles = Sm90Tiles::kBase;
+  else if (!std::strcmp(env, "long")) tiles = Sm90Tiles::kLong;
+  else return Status::invalid_argument("FLASHCUTE_SM90_TILES", "auto, base or long", env);
+  return Status::success();
+}
+
+// The tile (block_m, block_n) of the kernel the last forward launch of this process ran on,
+// as block_m << 16 | block_n (0 before any): a diagnostic for tests and benchmarks.
+inline std::atomic<uint32_t>& last_forward_tile() {
+  static std::atomic<uint32_t> tile{0};
+  return tile;
+}
+
 namespace detail {
+
+inline void record_forward_tile(int block_m, int block_n) {
+  last_forward_tile().store(uint32_t(block_m) << 16 | uint32_t(block_n), std::memory_order_relaxed);
+}
 
 // Whether the kernels of a direction take Params (BwdParams: the backward; FwdParams: the others).
 template <class Params>
@@ -34,10 +62,28 @@ Status launch_kernel(const Params& params, cudaStream_t stream) {
   static_assert(takes_params<Params>(kKey.direction));
   if constexpr (kKey.arch == Arch::kSm90) {
     static_assert(kKey.direction == Direction::kFwd, "the sm90 family has the forward only");
+    Sm90Tiles tiles;
+    FLASHCUTE_RETURN_IF_ERROR(sm90_tiles_setting(tiles));
+    if constexpr (sm90::has_long_fwd_config(kKey.head_dim)) {
+      constexpr sm90::FwdConfig kLong = sm90::long_fwd_config(kKey.head_dim);
+      const bool take_long =
+          tiles == Sm90Tiles::kLong ||
+          (tiles == Sm90Tiles::kAuto &&
+           sm90::use_long_tiles(params.seqlen_q, params.seqlen_k, int64_t(params.nheads) * params.batch,
+                                params.window_left, params.window_right, device_sms(), kLong.block_m));
+      if (take_long) {
+        record_forward_tile(kLong.block_m, kLong.block_n);
+        return sm90::launch_fwd_long<kKey.dtype, kKey.head_dim>(params, stream);
+      }
+    }
+    constexpr sm90::FwdConfig kBase = sm90::default_fwd_config(kKey.head_dim);
+    record_forward_tile(kBase.block_m, kBase.block_n);
     return sm90::launch_fwd<kKey.dtype, kKey.head_dim>(params, stream);
-  } else if constexpr (kKey.direction == Direction::kFwd)
+  } else if constexpr (kKey.direction == Direction::kFwd) {
+    constexpr sm80::FwdConfig kBase = sm80::default_fwd_config(kKey.head_dim);
+    record_forward_tile(kBase.block_m, kBase.block_n);
     return sm80::launch_fwd<kKey.dtype, kKey.head_dim>(params, stream);
-  else if constexpr (kKey.direction == Direction::kSplitkv)
+  } else if constexpr (kKey.direction == Direction::kSplitkv)
     return sm80::launch_splitkv<kKey.dtype, kKey.head_dim>(params, stream);
   else return sm80::launch_bwd<kKey.dtype, kKey.head_dim>(params, stream);
 }

@@ -46,6 +46,10 @@ Status launch_merge(const MergeParams& params, DType dtype, cudaStream_t stream)
 namespace sm90 {
 template <DType kDType, int kHeadDim>
 Status launch_fwd(const FwdParams& params, cudaStream_t stream);
+// The long-sequence tiles (sm90/config.hpp, long_fwd_config): one more generated TU for each
+// compiled sm90 forward kernel whose head dim has them.
+template <DType kDType, int kHeadDim>
+Status launch_fwd_long(const FwdParams& params, cudaStream_t stream);
 }  // namespace sm90
 
 inline constexpr std::size_t kNumCompiledKernels = std::size(kCompiledKernels);
@@ -61,6 +65,7 @@ constexpr bool kernel_list_is_consistent() {
       return false;
     if (sm90::default_fwd_config(hd).head_dim != hd || sm90::validate(sm90::default_fwd_config(hd)) != nullptr)
       return false;
+    if (sm90::has_long_fwd_config(hd) && sm90::validate(sm90::long_fwd_config(hd)) != nullptr) return false;
   }
   for (const KernelKey& key : kCompiledKernels) {
     bool in_catalog = false;

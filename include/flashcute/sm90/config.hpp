@@ -6,6 +6,8 @@
 // each computing 64 query rows with wgmma.
 #pragma once
 
+#include <cstdint>
+
 #include "flashcute/common/types.hpp"
 
 namespace flashcute::sm90 {
@@ -71,6 +73,38 @@ constexpr FwdConfig default_fwd_config(int head_dim) {
     case 256: return {.head_dim = 256, .block_m = 128, .block_n = 80};
     default: return {.head_dim = 0, .block_m = 0, .block_n = 0};
   }
+}
+
+// The second tile table: a config for long sequences, where a head dim has one ({.head_dim = 0}
+// elsewhere), built as a kernel of its own beside the first (src/kernel.cu.in; CMake's list of
+// these head dims, _flashcute_sm90_long_head_dims, must match). d 64 on 192 x 128 tiles, three
+// consumer warpgroups: more query rows share each K and V block, and three warpgroups' softmax
+// and GEMMs interleave (perf-notes v35: +9-15% from 2k keys without a mask, but -15% at causal 1k).
+constexpr FwdConfig long_fwd_config(int head_dim) {
+  switch (head_dim) {
+    case 64:
+      return {.head_dim = 64, .block_m = 192, .block_n = 128, .q_stages = 2, .o_smem = true, .consumer_regs = 160};
+    default: return {.head_dim = 0, .block_m = 0, .block_n = 0};
+  }
+}
+constexpr bool has_long_fwd_config(int head_dim) { return head_dim > 0 && long_fwd_config(head_dim).head_dim == head_dim; }
+
+// Whether a call takes the long-sequence tiles where its head dim has them (FLASHCUTE_SM90_TILES
+// unset or "auto"). The same-machine A/B of perf-notes v35 (d 64, 192 x 128 against 128 x 128,
+// seqlen_q = seqlen_k): without a mask equal at 1k and +9-15% from 2k; causal -15% at 1k, -9% at
+// 2k, -3% at 4k and +2-4% from 8k, where the diagonal's masked blocks and the ragged last tile
+// weigh less. Windows were not measured and keep the first table. `units` counts the long
+// config's tiles (query tiles x heads x batch): each SM's persistent CTA should get two or more,
+// or the larger tiles only leave SMs idle.
+constexpr bool use_long_tiles(int64_t seqlen_q, int64_t seqlen_k, int64_t heads_batch, int window_left,
+                              int window_right, int sms, int long_block_m) {
+  const bool no_mask = window_left < 0 && window_right < 0;
+  const bool causal = window_left < 0 && window_right == 0;
+  if (!no_mask && !causal) return false;
+  const int64_t min_len = causal ? 8192 : 2048;
+  if (seqlen_q < min_len || seqlen_k < min_len || long_block_m <= 0) return false;
+  const int64_t units = (seqlen_q + long_block_m - 1) / long_block_m * heads_batch;
+  return sms <= 0 || units >= 2 * int64_t(sms);
 }
 
 }  // namespace flashcute::sm90

@@ -97,4 +97,14 @@ Status launch_fwd(const FwdParams& params, cudaStream_t stream) {
   return launch_fwd_with<FwdTraits<kDType, default_fwd_config(kHeadDim)>>(params, stream);
 }
 
+// The same kernel on the second table's long-sequence config (config.hpp, long_fwd_config), in a
+// generated translation unit of its own; host/dispatch.hpp chooses between the two per call.
+template <DType kDType, int kHeadDim>
+Status launch_fwd_long(const FwdParams& params, cudaStream_t stream) {
+  static_assert(has_long_fwd_config(kHeadDim) && validate(long_fwd_config(kHeadDim)) == nullptr,
+                "no valid long-sequence sm90 config for this head dim: CMake's _flashcute_sm90_long_head_dims "
+                "must list the head dims of sm90::long_fwd_config");
+  return launch_fwd_with<FwdTraits<kDType, long_fwd_config(kHeadDim)>>(params, stream);
+}
+
 }  // namespace flashcute::sm90

@@ -295,7 +295,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             for name, r in pr.impls.items():  # say once why an implementation cannot run
                 if r.layout.startswith("path ") and (name, r.layout) not in told:  # and which kernels ran
                     told.add((name, r.layout))
-                    console.log(f"  {name} runs on the {r.layout[5:]} forward kernels (first at {pr.point.label})")
+                    family, _, tile = r.layout[5:].partition(" ")
+                    console.log(f"  {name} runs on the {family} forward kernels, {tile} tiles "
+                                f"(first at {pr.point.label})")
                 if r.status == NOT_AVAILABLE and (name, r.note) not in told:
                     told.add((name, r.note))
                     console.log(f"  {name} n/a: {r.note}")

@@ -102,8 +102,8 @@ def forward_path_env(path: str | None):
 class Flashcute(Impl):
     """flashcute.flash_attn_func, called as users call it. Points whose dtype or head dim was left
     out of the build (FLASHCUTE_DTYPES / FLASHCUTE_HEAD_DIMS) are unsupported. The forward's runner
-    records the kernel family that ran (``layout`` "path sm90" or "path sm80"); ``path`` forces one
-    through FLASHCUTE_FORWARD_PATH ("flashcute-sm80": the mma.sync kernels on any GPU)."""
+    records the kernel family and tile that ran (``layout`` "path sm90 128x128"); ``path`` forces a
+    family through FLASHCUTE_FORWARD_PATH ("flashcute-sm80": the mma.sync kernels on any GPU)."""
 
     def __init__(self, name: str = SUBJECT, path: str | None = None) -> None:
         self.name = name
@@ -135,7 +135,8 @@ class Flashcute(Impl):
         with context():
             calls[0]()
             path = flashcute.last_forward_path()
-        return Runner(calls, context=context, layout=f"path {path}")
+            block_m, block_n = flashcute.last_forward_tile()
+        return Runner(calls, context=context, layout=f"path {path} {block_m}x{block_n}")
 
     def is_unsupported_error(self, exc: BaseException) -> bool:
         return isinstance(exc, NotImplementedError)  # flashcute._C's type for "not compiled"
