@@ -419,24 +419,30 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
         pass_turn();
         warpgroup_wait<1>();  // S is done (P V, committed after it, may still run)
         release(storage.k_empty[stage_of(step)]);
+        // The tile's last Q K^T is done: the producer may load a later tile's Q into this buffer
+        // while this warpgroup still runs the last softmax and P V.
+        if (n_block == tile.n_block_min) release(storage.q_empty[q_stage]);
         scores_to_probs(m0, n_block);
         warpgroup_wait<0>();  // P V is done: O may be rescaled, and P's registers rewritten
         release(storage.v_empty[stage_of(step - 1)]);
         softmax.rescale_o(acc_o_rc, rescale);
         convert_fragment_into(acc_s, rP);
       }
-      // Every Q K^T of the tile is done: the producer may load a later tile's Q into this buffer.
-      release(storage.q_empty[q_stage]);
+      if (tile.n_block_max - tile.n_block_min == 1) release(storage.q_empty[q_stage]);  // (no loop step ran)
       TxBarrier::wait(&storage.v_full[stage_of(step - 1)], phase_of(step - 1));
       find_next();
-      bool early = false;  // the next tile's first S goes behind the last P V
+      // With two Q buffers, the next tile's first S goes behind the last P V. (With one, its Q
+      // load starts only now, after the last Q K^T, and waiting for it costs more than the
+      // epilogue it would hide: perf-notes v37.)
+      bool early = false;
       if constexpr (kQStages == 2) early = next_u < num_units && next.n_block_max > next.n_block_min;
       if (early) {
-        // Its Q is in the other buffer, and acc_s is free once P is converted.
+        // Its Q is in the other buffer; the last P V goes first, since only the next S needs the
+        // next tile's Q and K, and acc_s is free once P is converted.
         const int next_q_stage = q_round % kQStages;
-        wait_q_k(next_q_stage);
         my_turn();
         issue_pv();
+        wait_q_k(next_q_stage);
         issue_s(tSrQ(_, _, _, next_q_stage));
         pass_turn();
         ++q_round;
