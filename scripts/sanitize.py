@@ -80,6 +80,7 @@ CASES: tuple[Case, ...] = (
     Case("hdim32", 1, 113, 113, 2, 2, 32, causal=True),
     Case("hdim192", 1, 113, 113, 2, 2, 192),
     Case("hdim256", 1, 113, 200, 2, 2, 256, causal=True),
+    Case("hdim256-causal-sq>sk", 1, 300, 100, 2, 2, 256, causal=True),  # the first 200 rows see no key
     Case("packed-qkv-out", 2, 77, 77, 4, 4, 64, causal=True, packed_qkv=True, out_arg=True),
     # d 64's long-sequence sm90 tiles (three consumer warpgroups), forced on small calls.
     Case("long-tiles-ragged-causal", 2, 113, 300, 4, 2, 64, causal=True, sm90_tiles="long"),
