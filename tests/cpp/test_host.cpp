@@ -753,6 +753,7 @@ FwdArgs good_paged_args() {
 }
 
 TEST(PlanKvcache, PacksTheGroupAndSplitsTheKeys) {
+  if (!flashcute::kvcache_compiled()) GTEST_SKIP() << "the KV-cache kernels are not in this build (FLASHCUTE_KVCACHE=OFF)";
   const int d = built_head_dim();
   FwdPlan p;
   ASSERT_TRUE(plan(good_kvcache_args(), &p).ok());
@@ -781,6 +782,15 @@ TEST(PlanKvcache, PacksTheGroupAndSplitsTheKeys) {
   EXPECT_EQ(p.params.nheads, 8);
 }
 
+TEST(PlanKvcache, RefusedWhenTheKernelsAreLeftOut) {
+  if (flashcute::kvcache_compiled()) GTEST_SKIP() << "this build has the KV-cache kernels";
+  FwdPlan p;
+  const flashcute::Status st = plan(good_kvcache_args(), &p);
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.code, flashcute::StatusCode::kNotCompiled);
+  EXPECT_EQ(st.arg, "k_cache");
+}
+
 TEST(PlanKvcache, ChoosesSplitsToFillTheGpu) {
   using flashcute::detail::choose_num_splits;
   EXPECT_EQ(choose_num_splits(512, 32, 132), 1);   // enough CTAs already
@@ -792,6 +802,7 @@ TEST(PlanKvcache, ChoosesSplitsToFillTheGpu) {
 }
 
 TEST(PlanKvcache, PagedCacheAndAppend) {
+  if (!flashcute::kvcache_compiled()) GTEST_SKIP() << "the KV-cache kernels are not in this build (FLASHCUTE_KVCACHE=OFF)";
   const int d = built_head_dim();
   FwdPlan p;
   ASSERT_TRUE(plan(good_paged_args(), &p).ok());
@@ -814,6 +825,7 @@ TEST(PlanKvcache, PagedCacheAndAppend) {
 }
 
 TEST(PlanKvcache, RejectsEachArgumentByName) {
+  if (!flashcute::kvcache_compiled()) GTEST_SKIP() << "the KV-cache kernels are not in this build (FLASHCUTE_KVCACHE=OFF)";
   FwdArgs a = good_paged_args();
   a.k.shape[1] = a.v.shape[1] = 48;
   expect_error(plan(a), StatusCode::kInvalidArgument, "k_cache", "power of two >= 16");

@@ -16,7 +16,11 @@ import flashcute  # noqa: E402
 from flashcute import _torch  # noqa: E402,F401  (registers the op)
 
 
-def meta(*shape, dtype=torch.float16):
+# The dtype the traced calls use: one this build compiled (FLASHCUTE_DTYPES may leave either out).
+DTYPE = torch.float16 if "float16" in flashcute.compiled_dtypes() else torch.bfloat16
+
+
+def meta(*shape, dtype=DTYPE):
     return torch.empty(shape, dtype=dtype, device="meta")
 
 
@@ -54,7 +58,7 @@ def test_fake_implementation_validates():
     with pytest.raises(ValueError, match="k: batch 3 does not match q's batch 2"):
         torch.ops.flashcute.fwd(meta(2, 128, 8, 64), meta(3, 100, 4, 64), meta(3, 100, 4, 64), 0.125, False, -1, -1,
                                 0.0)
-    with pytest.raises(TypeError, match="v: expected float16 like q, got float32"):
+    with pytest.raises(TypeError, match=f"v: expected {str(DTYPE).split('.')[-1]} like q, got float32"):
         torch.ops.flashcute.fwd_lse(meta(2, 128, 8, 64), meta(2, 100, 4, 64),
                                     meta(2, 100, 4, 64, dtype=torch.float32), 0.125, False, -1, -1, 0.0)
 
