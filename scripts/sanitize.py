@@ -36,6 +36,7 @@ os.environ.setdefault("PYTORCH_NO_CUDA_MEMORY_CACHING", "1")  # before torch is 
 
 import flashcute  # noqa: E402
 import torch  # noqa: E402
+from flashcute.bench.impls import env_var  # noqa: E402
 from flashcute.testing import check_attention, check_gradients  # noqa: E402
 
 
@@ -107,35 +108,24 @@ def make_inputs(case: Case, dtype: torch.dtype, seed: int) -> tuple[torch.Tensor
 def launch(case: Case, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """One flashcute call (asynchronous); returns (out, lse)."""
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if case.out_arg else None
-    saved = os.environ.get("FLASHCUTE_SM90_TILES")
-    if case.sm90_tiles:
-        os.environ["FLASHCUTE_SM90_TILES"] = case.sm90_tiles
-    try:
-        result = call_forward(case, q, k, v, out)
-    finally:
-        if saved is None:
-            os.environ.pop("FLASHCUTE_SM90_TILES", None)
-        else:
-            os.environ["FLASHCUTE_SM90_TILES"] = saved
+    with env_var("FLASHCUTE_SM90_TILES", case.sm90_tiles or None):
+        result = flashcute.flash_attn_func(
+            q,
+            k,
+            v,
+            softmax_scale=case.headdim**-0.5,
+            causal=case.causal,
+            window_size=case.window,
+            softcap=case.softcap,
+            return_lse=True,
+            out=out,
+        )
     if not (isinstance(result, tuple) and len(result) == 2):
         raise TypeError(f"flash_attn_func(return_lse=True) returned {type(result).__name__}, expected (out, lse)")
     if out is not None and result[0].data_ptr() != out.data_ptr():
         raise ValueError("flash_attn_func(out=...) did not write into the given tensor")
     return result
 
-
-def call_forward(case: Case, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor | None):
-    return flashcute.flash_attn_func(
-        q,
-        k,
-        v,
-        softmax_scale=case.headdim**-0.5,
-        causal=case.causal,
-        window_size=case.window,
-        softcap=case.softcap,
-        return_lse=True,
-        out=out,
-    )
 
 
 def check(

@@ -131,6 +131,26 @@ TEST(TileTable, Sm90TilesSettingIsReadFromTheEnvironment) {
   EXPECT_NE(st.message.find("auto, base or long"), std::string::npos) << st.message;
 }
 
+TEST(TileTable, ForwardPathSettingIsReadFromTheEnvironment) {
+  using flashcute::ForwardPath;
+  ForwardPath path;
+  const std::pair<const char*, ForwardPath> good[] = {
+      {"", ForwardPath::kAuto}, {"auto", ForwardPath::kAuto}, {"sm90", ForwardPath::kAuto}, {"sm80", ForwardPath::kSm80}};
+  for (const auto& [value, expected] : good) {
+    setenv("FLASHCUTE_FORWARD_PATH", value, 1);
+    ASSERT_TRUE(flashcute::forward_path_setting(path).ok()) << value;
+    EXPECT_EQ(path, expected) << value;
+  }
+  setenv("FLASHCUTE_FORWARD_PATH", "sm100", 1);
+  const flashcute::Status st = flashcute::forward_path_setting(path);
+  unsetenv("FLASHCUTE_FORWARD_PATH");
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.arg, "FLASHCUTE_FORWARD_PATH");
+  EXPECT_NE(st.message.find("auto, sm80 or sm90"), std::string::npos) << st.message;
+  ASSERT_TRUE(flashcute::forward_path_setting(path).ok());  // unset
+  EXPECT_EQ(path, ForwardPath::kAuto);
+}
+
 TEST(TileTable, Sm90ValidateNamesTheBrokenRule) {
   using flashcute::sm90::FwdConfig;
   struct Bad {

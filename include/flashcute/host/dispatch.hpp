@@ -8,6 +8,7 @@
 #include <cuda_runtime_api.h>
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -28,14 +29,32 @@ namespace flashcute {
 // at every launch (getenv: no device call), so tests and benchmarks can switch it between calls.
 enum class Sm90Tiles : uint8_t { kAuto, kBase, kLong };
 
+namespace detail {
+
+// Which of `values` the environment variable `name` holds (unset or empty: the first, index 0),
+// or an invalid-argument Status naming the variable and what it may be.
+template <std::size_t N>
+Status env_choice(const char* name, const char* const (&values)[N], const char* expected, std::size_t& index) {
+  index = 0;
+  const char* env = std::getenv(name);
+  if (env == nullptr || *env == '\0') return Status::success();
+  for (std::size_t i = 0; i < N; ++i) {
+    if (!std::strcmp(env, values[i])) {
+      index = i;
+      return Status::success();
+    }
+  }
+  return Status::invalid_argument(name, expected, env);
+}
+
+}  // namespace detail
+
 inline Status sm90_tiles_setting(Sm90Tiles& tiles) {
-  const char* env = std::getenv("FLASHCUTE_SM90_TILES");
-  tiles = Sm90Tiles::kAuto;
-  if (env == nullptr || *env == '\0' || !std::strcmp(env, "auto")) return Status::success();
-  if (!std::strcmp(env, "base")) tiles = Sm90Tiles::kBase;
-  else if (!std::strcmp(env, "long")) tiles = Sm90Tiles::kLong;
-  else return Status::invalid_argument("FLASHCUTE_SM90_TILES", "auto, base or long", env);
-  return Status::success();
+  static constexpr const char* kValues[] = {"auto", "base", "long"};  // in Sm90Tiles' order
+  std::size_t index;
+  const Status st = detail::env_choice("FLASHCUTE_SM90_TILES", kValues, "auto, base or long", index);
+  tiles = Sm90Tiles(index);
+  return st;
 }
 
 // The tile (block_m, block_n) of the kernel the last forward launch of this process ran on,
@@ -131,14 +150,11 @@ Status launch_key(const KernelKey& key, const Params& params, cudaStream_t strea
 enum class ForwardPath : uint8_t { kAuto, kSm80 };
 
 inline Status forward_path_setting(ForwardPath& path) {
-  const char* env = std::getenv("FLASHCUTE_FORWARD_PATH");
-  path = ForwardPath::kAuto;
-  if (env == nullptr || *env == '\0' || !std::strcmp(env, "auto") || !std::strcmp(env, "sm90")) return Status::success();
-  if (!std::strcmp(env, "sm80")) {
-    path = ForwardPath::kSm80;
-    return Status::success();
-  }
-  return Status::invalid_argument("FLASHCUTE_FORWARD_PATH", "auto, sm80 or sm90", env);
+  static constexpr const char* kValues[] = {"auto", "sm90", "sm80"};  // sm90: the same as auto
+  std::size_t index;
+  const Status st = detail::env_choice("FLASHCUTE_FORWARD_PATH", kValues, "auto, sm80 or sm90", index);
+  path = index == 2 ? ForwardPath::kSm80 : ForwardPath::kAuto;
+  return st;
 }
 
 // Whether `device` (-1: the current one) has compute capability 9.0, the only GPUs sm_90a code

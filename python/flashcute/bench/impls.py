@@ -83,20 +83,27 @@ def grad_runner(point: Point, input_sets: Sequence[Inputs], attn: Callable[[Any,
 
 
 @contextlib.contextmanager
-def forward_path_env(path: str | None):
-    """FLASHCUTE_FORWARD_PATH=path while the block runs (None: leave it as it is)."""
-    if path is None:
+def env_var(name: str, value: str | None):
+    """Environment variable ``name`` set to ``value`` while the block runs, then restored (None:
+    leave it as it is). flashcute reads its settings (FLASHCUTE_FORWARD_PATH, FLASHCUTE_SM90_TILES)
+    at every call, so this switches them between calls."""
+    if value is None:
         yield
         return
-    old = os.environ.get("FLASHCUTE_FORWARD_PATH")
-    os.environ["FLASHCUTE_FORWARD_PATH"] = path
+    old = os.environ.get(name)
+    os.environ[name] = value
     try:
         yield
     finally:
         if old is None:
-            del os.environ["FLASHCUTE_FORWARD_PATH"]
+            del os.environ[name]
         else:
-            os.environ["FLASHCUTE_FORWARD_PATH"] = old
+            os.environ[name] = old
+
+
+def forward_path_env(path: str | None):
+    """FLASHCUTE_FORWARD_PATH=path while the block runs (None: leave it as it is)."""
+    return env_var("FLASHCUTE_FORWARD_PATH", path)
 
 
 class Flashcute(Impl):
