@@ -151,6 +151,17 @@ TEST(TileTable, ForwardPathSettingIsReadFromTheEnvironment) {
   EXPECT_EQ(path, ForwardPath::kAuto);
 }
 
+TEST(TileTable, Sm90OStagedThroughVInPasses) {
+  using flashcute::sm90::default_fwd_config;
+  // d 256 on 128 x 80 tiles: a 40 KB V buffer holds two 16 KB regions of 64 rows x 128 columns.
+  EXPECT_TRUE(default_fwd_config(256).o_via_v);
+  EXPECT_EQ(default_fwd_config(256).o_pass_cols(), 128);
+  // d 192 on 128 x 96 tiles: 36 KB, three passes of 64 columns (96 is no multiple of 64).
+  EXPECT_TRUE(default_fwd_config(192).o_via_v);
+  EXPECT_EQ(default_fwd_config(192).o_pass_cols(), 64);
+  for (int hd : {32, 64, 96, 128}) EXPECT_FALSE(default_fwd_config(hd).o_via_v) << hd;  // they have an O buffer
+}
+
 TEST(TileTable, Sm90ValidateNamesTheBrokenRule) {
   using flashcute::sm90::FwdConfig;
   struct Bad {
@@ -171,6 +182,10 @@ TEST(TileTable, Sm90ValidateNamesTheBrokenRule) {
       {{.head_dim = 64, .block_m = 192, .block_n = 64, .producer_regs = 24, .consumer_regs = 240},
        "the warpgroups' registers exceed the 64K register file"},
       {{.head_dim = 64, .block_m = 128, .block_n = 64, .producer_regs = 20}, "register counts must be multiples of 8 in [24, 256]"},
+      {{.head_dim = 128, .block_m = 128, .block_n = 128, .o_smem = true, .o_via_v = true},
+       "o_via_v needs one Q buffer, no O buffer, and a V buffer that holds 64 rows x 64 columns of O per consumer warpgroup"},
+      {{.head_dim = 256, .block_m = 128, .block_n = 16, .o_via_v = true},
+       "o_via_v needs one Q buffer, no O buffer, and a V buffer that holds 64 rows x 64 columns of O per consumer warpgroup"},
   };
   for (const Bad& bad : cases) {
     const char* err = flashcute::sm90::validate(bad.cfg);

@@ -24,6 +24,11 @@ struct FwdConfig {
   // O staged through shared memory (stmatrix in, 16 bytes a thread out) instead of stored from
   // the accumulators in 4-byte pairs: 4x fewer global store instructions.
   bool o_smem = false;
+  // Where there is no room for an O buffer (d 192, 256): O staged through the last key block's V
+  // buffer instead, in passes of o_pass_cols() columns, and stored 16 bytes a thread: whole
+  // 32-byte sectors, where 4-byte pairs from the accumulators write each sector in two halves.
+  // The V buffer is released to the producer after the epilogue, not before.
+  bool o_via_v = false;
   // Registers per thread after setmaxnreg: the producer gives up what the consumers take.
   int producer_regs = 24;
   int consumer_regs = 240;
@@ -32,6 +37,17 @@ struct FwdConfig {
   bool pingpong = false;
 
   constexpr int consumer_warpgroups() const { return block_m / 64; }
+  // Columns of O one pass of the o_via_v epilogue stages: each consumer warpgroup writes its 64
+  // rows into its own 1024-byte-aligned region of one V buffer. The widest of d, d/2, d/3, d/4
+  // that is a multiple of 64 (whole 8-chunk groups for the 16-byte XOR swizzle) and fits; 0: none.
+  constexpr int o_pass_cols() const {
+    for (int parts = 1; parts <= 4; ++parts) {
+      if (head_dim % parts != 0 || (head_dim / parts) % 64 != 0) continue;
+      const int region_bytes = (64 * (head_dim / parts) * 2 + 1023) / 1024 * 1024;
+      if (consumer_warpgroups() * region_bytes <= block_n * head_dim * 2) return head_dim / parts;
+    }
+    return 0;
+  }
   constexpr int num_threads() const { return 128 * (consumer_warpgroups() + 1); }
   // `q_stages` Q tiles, `stages` K and V tiles, the O tile if staged, 2-byte elements, plus the barriers.
   constexpr int smem_bytes() const {
@@ -54,6 +70,8 @@ constexpr const char* validate(FwdConfig cfg) {
   if (128 * (cfg.producer_regs + cfg.consumer_warpgroups() * cfg.consumer_regs) > 65536)
     return "the warpgroups' registers exceed the 64K register file";
   if (cfg.pingpong && cfg.consumer_warpgroups() != 2) return "pingpong takes turns between exactly 2 consumer warpgroups";
+  if (cfg.o_via_v && (cfg.o_smem || cfg.q_stages != 1 || cfg.o_pass_cols() == 0))
+    return "o_via_v needs one Q buffer, no O buffer, and a V buffer that holds 64 rows x 64 columns of O per consumer warpgroup";
   return nullptr;
 }
 
@@ -68,9 +86,9 @@ constexpr FwdConfig default_fwd_config(int head_dim) {
     case 64: return {.head_dim = 64, .block_m = 128, .block_n = 128, .q_stages = 2, .o_smem = true};
     case 96: return {.head_dim = 96, .block_m = 128, .block_n = 128, .q_stages = 2, .o_smem = true, .pingpong = true};
     case 128: return {.head_dim = 128, .block_m = 128, .block_n = 128, .q_stages = 2, .o_smem = true, .pingpong = true};
-    case 192: return {.head_dim = 192, .block_m = 128, .block_n = 96};
+    case 192: return {.head_dim = 192, .block_m = 128, .block_n = 96, .o_via_v = true};
     // 80 keys, not 64: the Q K^T wgmma reads fewer shared-memory bytes per flop (perf-notes v30).
-    case 256: return {.head_dim = 256, .block_m = 128, .block_n = 80};
+    case 256: return {.head_dim = 256, .block_m = 128, .block_n = 80, .o_via_v = true};
     default: return {.head_dim = 0, .block_m = 0, .block_n = 0};
   }
 }

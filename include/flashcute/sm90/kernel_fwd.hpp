@@ -331,7 +331,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
     // column pairs straight to global memory: its columns are its first one plus compile-time
     // offsets, so each 4-byte store takes one row pointer and an immediate offset, and the column
     // test is only needed where the user's head dim is narrower than the kernel's.
-    auto epilogue = [&]() FLASHCUTE_INLINE {
+    // v_stage: the V buffer O may be staged in (config o_via_v), or -1 for none.
+    auto epilogue = [&](int v_stage) FLASHCUTE_INLINE {
       float lse[kRows];
       softmax.finalize(acc_o_rc, lse);
       Tensor rO = convert_fragment<Element>(acc_o);  // ((2,2,D/8),MMA_M,MMA_D)
@@ -362,27 +363,78 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
         copy(gmem_copy_o, tOsO, tOrO);
         store_tile(gmem_copy_o, tOrO, tOgO, tOcO_wg, params.seqlen_q - row0, params.head_dim);
       } else {
-        Tensor rO_rc = make_tensor(rO.data(), gmma_rowcol_layout(rO.layout()));  // ((2,MMA_M),(2,D/8,MMA_D))
-        const int col0 = get<1>(tOcO_rc(0, 0));
-        Element* o_ptr = o_tile + col0;
-        auto store_rows = [&](auto check_cols) FLASHCUTE_INLINE {
-          CUTE_UNROLL
-          for (int r = 0; r < size<0>(rO_rc); ++r) {
-            const int row = m0 + get<0>(tOcO_rc(r, 0));
-            if (row >= params.seqlen_q) continue;
-            Element* o_row = o_ptr + int64_t(row) * params.o_row_stride;
+        bool staged = false;
+        if constexpr (Traits::kConfig.o_via_v) {
+          if (v_stage >= 0) {
+            // O through the V buffer of the tile's last key block, in passes of kPassCols columns:
+            // each thread writes its column pairs into its warpgroup's region (16-byte chunks XOR-
+            // swizzled by row: the 8 rows of a warp's store hit 32 different banks), then reads back
+            // 16 bytes at a time, a warp two whole rows of the pass, and stores them.
+            constexpr int kPassCols = Traits::kConfig.o_pass_cols();
+            constexpr int kChunks = kPassCols / 8;  // 16-byte chunks in a staged row
+            constexpr int kRegion = (64 * kPassCols * 2 + 1023) / 1024 * 1024 / 2;  // elements, 1024-byte aligned
+            static_assert(kPassCols % 64 == 0 && kHeadDim % kPassCols == 0);
+            static_assert(decltype(cosize(take<0, 2>(typename Traits::SmemLayoutVt{})))::value == kHeadDim * kBlockN);
+            Tensor rO_rc = make_tensor(rO.data(), gmma_rowcol_layout(rO.layout()));  // ((2,MMA_M),(2,D/8,MMA_D))
+            Element* region = storage.v.data() + v_stage * (kHeadDim * kBlockN) + wg * kRegion;
+            const int wg_tid = mma_tid % 128;
+            // Both warpgroups' last P V have read this V buffer: only now may either overwrite it.
+            cutlass::arch::NamedBarrier::sync(256, 5);
             CUTE_UNROLL
-            for (int c = 0; c < size<1>(rO_rc); c += 2) {  // (c, c + 1): adjacent columns, one 4-byte store
-              const int dc = get<1>(tOcO_rc(r, c)) - col0;
-              if (!decltype(check_cols)::value || col0 + dc < params.head_dim) {
-                Element pair[2] = {rO_rc(r, c), rO_rc(r, c + 1)};
-                *reinterpret_cast<uint32_t*>(o_row + dc) = *reinterpret_cast<uint32_t*>(pair);
+            for (int pass = 0; pass < kHeadDim / kPassCols; ++pass) {
+              // Every thread of this warpgroup has read the previous pass back.
+              if (pass > 0) cutlass::arch::NamedBarrier::sync(128, 2 + wg);
+              CUTE_UNROLL
+              for (int r = 0; r < size<0>(rO_rc); ++r) {
+                const int row = get<0>(tOcO_rc(r, 0)) - 64 * wg;  // in [0, 64)
+                CUTE_UNROLL
+                for (int jj = 0; jj < kChunks; ++jj) {
+                  const int c = 2 * (pass * kChunks + jj);  // columns c, c + 1 of the accumulator's row view
+                  const int col = get<1>(tOcO_rc(r, c)) - pass * kPassCols;
+                  Element pair[2] = {rO_rc(r, c), rO_rc(r, c + 1)};
+                  *reinterpret_cast<uint32_t*>(region + row * kPassCols + ((col >> 3) ^ (row & 7)) * 8 + (col & 7)) =
+                      *reinterpret_cast<uint32_t*>(pair);
+                }
+              }
+              // The pass is written before threads read rows that other warps wrote.
+              cutlass::arch::NamedBarrier::sync(128, 2 + wg);
+              CUTE_UNROLL
+              for (int it = 0; it < 64 * kChunks / 128; ++it) {
+                const int idx = it * 128 + wg_tid;
+                const int row = idx / kChunks, chunk = idx % kChunks;
+                const uint4 chunk_data =
+                    *reinterpret_cast<const uint4*>(region + row * kPassCols + (chunk ^ (row & 7)) * 8);
+                const int o_row = m0 + 64 * wg + row, o_col = pass * kPassCols + chunk * 8;
+                if (o_row < params.seqlen_q && o_col < params.head_dim)
+                  *reinterpret_cast<uint4*>(o_tile + int64_t(o_row) * params.o_row_stride + o_col) = chunk_data;
               }
             }
+            staged = true;
           }
-        };
-        if (params.head_dim == kHeadDim) store_rows(cute::false_type{});
-        else store_rows(cute::true_type{});
+        }
+        if (!staged) {
+          Tensor rO_rc = make_tensor(rO.data(), gmma_rowcol_layout(rO.layout()));  // ((2,MMA_M),(2,D/8,MMA_D))
+          const int col0 = get<1>(tOcO_rc(0, 0));
+          Element* o_ptr = o_tile + col0;
+          auto store_rows = [&](auto check_cols) FLASHCUTE_INLINE {
+            CUTE_UNROLL
+            for (int r = 0; r < size<0>(rO_rc); ++r) {
+              const int row = m0 + get<0>(tOcO_rc(r, 0));
+              if (row >= params.seqlen_q) continue;
+              Element* o_row = o_ptr + int64_t(row) * params.o_row_stride;
+              CUTE_UNROLL
+              for (int c = 0; c < size<1>(rO_rc); c += 2) {  // (c, c + 1): adjacent columns, one 4-byte store
+                const int dc = get<1>(tOcO_rc(r, c)) - col0;
+                if (!decltype(check_cols)::value || col0 + dc < params.head_dim) {
+                  Element pair[2] = {rO_rc(r, c), rO_rc(r, c + 1)};
+                  *reinterpret_cast<uint32_t*>(o_row + dc) = *reinterpret_cast<uint32_t*>(pair);
+                }
+              }
+            }
+          };
+          if (params.head_dim == kHeadDim) store_rows(cute::false_type{});
+          else store_rows(cute::true_type{});
+        }
       }
       if (params.lse != nullptr && get<1>(tOcO_rc(0, 0)) == 0) {  // one thread of each row's quad
         float* lse_ptr = params.lse + tile.batch * params.lse_batch_stride + tile.head * params.lse_head_stride;
@@ -448,7 +500,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
         ++q_round;
         warpgroup_wait<1>();  // the last P V is done; the next tile's S runs on under the epilogue
         release(storage.v_empty[stage_of(step - 1)]);
-        epilogue();
+        epilogue(-1);
         softmax = OnlineSoftmax<kRows>(scale_log2);
         warpgroup_wait<0>();
         first_probs(next.m_block * kBlockM, next.n_block_max - 1);
@@ -457,13 +509,21 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
       } else {
         issue_pv();
         warpgroup_wait<0>();
-        release(storage.v_empty[stage_of(step - 1)]);
-        epilogue();
+        if constexpr (Traits::kConfig.o_via_v) {
+          epilogue(stage_of(step - 1));  // O staged in the last block's V buffer, which it then frees
+          // This thread's shared-memory writes and reads (generic proxy) are ordered before the
+          // TMA load (async proxy) that refills the buffer once the producer sees the release.
+          cutlass::arch::fence_view_async_shared();
+          release(storage.v_empty[stage_of(step - 1)]);
+        } else {
+          release(storage.v_empty[stage_of(step - 1)]);
+          epilogue(-1);
+        }
         first_done = false;
       }
     } else {
       find_next();
-      epilogue();  // no key visible: O = 0, lse = -inf
+      epilogue(-1);  // no key visible: O = 0, lse = -inf
       first_done = false;
     }
     u = next_u, j = next_j;
