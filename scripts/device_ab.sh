@@ -16,7 +16,8 @@
 #
 # Environment: DIMS (A's head dims, default 64,128,256), DTYPES (default bf16), BENCH_ARGS (more
 # bench arguments, e.g. "--seqlens 1024,8192"), PYTEST (pytest targets run on A, e.g.
-# tests/python/test_forward_path.py), NCU=1 (ncu --set full on A over scripts/ncu_fwd.py).
+# tests/python/test_forward_path.py), NCU=1 (ncu --set full on A over scripts/ncu_fwd.py; NCU_SHAPES
+# picks its shapes, e.g. 64:causal:1024).
 # Everything lands in $OUT/results.tgz (the device returns at most 8 files).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
@@ -71,7 +72,7 @@ bench() {  # bench REP
 bench 1
 if [[ -n "${NCU:-}" ]]; then
   PYTHONPATH="$WORK/pkg_A" timeout 300 ncu --clock-control none --set full --nvtx --nvtx-include "prof/" \
-    -o "$WORK/prof" -f python3 scripts/ncu_fwd.py > "$WORK/ncu.log" 2>&1
+    -o "$WORK/prof" -f python3 scripts/ncu_fwd.py ${NCU_SHAPES:+--shapes "$NCU_SHAPES"} > "$WORK/ncu.log" 2>&1
   echo "ncu: rc $?"
   ncu --import "$WORK/prof.ncu-rep" --page details > "$WORK/ncu_details.txt" 2>&1
   ncu --import "$WORK/prof.ncu-rep" --page raw --csv > "$WORK/ncu_raw.csv" 2>&1
