@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <set>
@@ -110,6 +111,22 @@ TEST(TileTable, Sm90LongTilesWhereTheyWereMeasuredFaster) {
   EXPECT_FALSE(use_long_tiles(16384, 16384, 64, kNone, kNone, kSms, 0));  // no long config
 }
 
+// Sets environment variable `name` to each text of `good` in turn, expecting `read` to accept it
+// and give the paired value; then sets it to `bad`, stores what `read` says in `st`, and unsets it.
+template <class T, std::size_t N, class Read>
+void check_env_setting(const char* name, const std::pair<const char*, T> (&good)[N], const char* bad, Read read,
+                       flashcute::Status& st) {
+  T value;
+  for (const auto& [text, expected] : good) {
+    setenv(name, text, 1);
+    ASSERT_TRUE(read(value).ok()) << text;
+    EXPECT_EQ(value, expected) << text;
+  }
+  setenv(name, bad, 1);
+  st = read(value);
+  unsetenv(name);
+}
+
 TEST(TileTable, Sm90TilesSettingIsReadFromTheEnvironment) {
   using flashcute::Sm90Tiles;
   Sm90Tiles tiles;
@@ -118,14 +135,8 @@ TEST(TileTable, Sm90TilesSettingIsReadFromTheEnvironment) {
   EXPECT_EQ(tiles, Sm90Tiles::kAuto);
   const std::pair<const char*, Sm90Tiles> good[] = {
       {"", Sm90Tiles::kAuto}, {"auto", Sm90Tiles::kAuto}, {"base", Sm90Tiles::kBase}, {"long", Sm90Tiles::kLong}};
-  for (const auto& [value, expected] : good) {
-    setenv("FLASHCUTE_SM90_TILES", value, 1);
-    ASSERT_TRUE(flashcute::sm90_tiles_setting(tiles).ok()) << value;
-    EXPECT_EQ(tiles, expected) << value;
-  }
-  setenv("FLASHCUTE_SM90_TILES", "wide", 1);
-  const flashcute::Status st = flashcute::sm90_tiles_setting(tiles);
-  unsetenv("FLASHCUTE_SM90_TILES");
+  flashcute::Status st;
+  check_env_setting("FLASHCUTE_SM90_TILES", good, "wide", flashcute::sm90_tiles_setting, st);
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.message.find("FLASHCUTE_SM90_TILES"), std::string::npos) << st.message;
   EXPECT_NE(st.message.find("auto, base or long"), std::string::npos) << st.message;
@@ -136,14 +147,8 @@ TEST(TileTable, ForwardPathSettingIsReadFromTheEnvironment) {
   ForwardPath path;
   const std::pair<const char*, ForwardPath> good[] = {
       {"", ForwardPath::kAuto}, {"auto", ForwardPath::kAuto}, {"sm90", ForwardPath::kAuto}, {"sm80", ForwardPath::kSm80}};
-  for (const auto& [value, expected] : good) {
-    setenv("FLASHCUTE_FORWARD_PATH", value, 1);
-    ASSERT_TRUE(flashcute::forward_path_setting(path).ok()) << value;
-    EXPECT_EQ(path, expected) << value;
-  }
-  setenv("FLASHCUTE_FORWARD_PATH", "sm100", 1);
-  const flashcute::Status st = flashcute::forward_path_setting(path);
-  unsetenv("FLASHCUTE_FORWARD_PATH");
+  flashcute::Status st;
+  check_env_setting("FLASHCUTE_FORWARD_PATH", good, "sm100", flashcute::forward_path_setting, st);
   ASSERT_FALSE(st.ok());
   EXPECT_EQ(st.arg, "FLASHCUTE_FORWARD_PATH");
   EXPECT_NE(st.message.find("auto, sm80 or sm90"), std::string::npos) << st.message;

@@ -43,11 +43,13 @@ struct FwdConfig {
   constexpr int o_pass_cols() const {
     for (int parts = 1; parts <= 4; ++parts) {
       if (head_dim % parts != 0 || (head_dim / parts) % 64 != 0) continue;
-      const int region_bytes = (64 * (head_dim / parts) * 2 + 1023) / 1024 * 1024;
-      if (consumer_warpgroups() * region_bytes <= block_n * head_dim * 2) return head_dim / parts;
+      if (consumer_warpgroups() * o_region_bytes(head_dim / parts) <= block_n * head_dim * 2) return head_dim / parts;
     }
     return 0;
   }
+  // One consumer warpgroup's region of a pass of `cols` columns: 64 rows of 2-byte elements,
+  // rounded up to 1024 bytes.
+  static constexpr int o_region_bytes(int cols) { return (64 * cols * 2 + 1023) / 1024 * 1024; }
   constexpr int num_threads() const { return 128 * (consumer_warpgroups() + 1); }
   // `q_stages` Q tiles, `stages` K and V tiles, the O tile if staged, 2-byte elements, plus the barriers.
   constexpr int smem_bytes() const {

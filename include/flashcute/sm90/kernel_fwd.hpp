@@ -372,7 +372,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
             // 16 bytes at a time, a warp two whole rows of the pass, and stores them.
             constexpr int kPassCols = Traits::kConfig.o_pass_cols();
             constexpr int kChunks = kPassCols / 8;  // 16-byte chunks in a staged row
-            constexpr int kRegion = (64 * kPassCols * 2 + 1023) / 1024 * 1024 / 2;  // elements, 1024-byte aligned
+            constexpr int kRegion = FwdConfig::o_region_bytes(kPassCols) / 2;  // elements, 1024-byte aligned
             static_assert(kPassCols % 64 == 0 && kHeadDim % kPassCols == 0);
             static_assert(decltype(cosize(take<0, 2>(typename Traits::SmemLayoutVt{})))::value == kHeadDim * kBlockN);
             Tensor rO_rc = make_tensor(rO.data(), gmma_rowcol_layout(rO.layout()));  // ((2,MMA_M),(2,D/8,MMA_D))
