@@ -2,7 +2,9 @@
 // Needs no GPU and launches nothing: every pointer is fake and never dereferenced.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -10,8 +12,10 @@
 #include <sstream>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "flashcute/host/api.hpp"
+#include "flashcute/sm90/scheduler.hpp"
 
 namespace {
 
@@ -167,6 +171,125 @@ TEST(TileTable, Sm90OStagedThroughVInPasses) {
   for (int hd : {32, 64, 96, 128}) EXPECT_FALSE(default_fwd_config(hd).o_via_v) << hd;  // they have an O buffer
 }
 
+// ----------------------------------------------------------------------- sm90 tile scheduler
+
+TEST(Sm90Scheduler, FastDivIsExact) {
+  using flashcute::sm90::FastDiv;
+  std::vector<unsigned> ns;
+  for (unsigned n = 0; n < 4096; ++n) ns.push_back(n);
+  uint64_t x = 88172645463325252ull;  // xorshift: dividends up to 2^31 - 1
+  for (int i = 0; i < 4096; ++i) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    ns.push_back(unsigned(x % (1ull << 31)));
+  }
+  ns.push_back((1u << 31) - 1);
+  for (unsigned d : {1u, 2u, 3u, 5u, 7u, 31u, 64u, 100u, 127u, 131u, 132u, 133u, 255u, 1000u, 65537u, 1u << 20,
+                     (1u << 31) - 1}) {
+    const FastDiv div(d);
+    for (unsigned n : ns) ASSERT_EQ(div(n), n / d) << n << " / " << d;
+  }
+}
+
+using flashcute::sm90::TileSchedule;
+
+namespace sched {
+
+// Query tile x of a causal square problem: its key blocks, plus one, as launch_fwd_with counts.
+double causal_cost(int x, int block_m, int block_n, int seqlen) {
+  const int keys = std::min((x + 1) * block_m, seqlen);
+  return double((keys + block_n - 1) / block_n + 1);
+}
+
+// Walks every CTA as the kernel does; checks that each tile comes exactly once, and returns the
+// largest CTA's load.
+template <class Cost>
+double walk_all(const TileSchedule& s, Cost&& cost) {
+  std::vector<int> seen(size_t(s.m_blocks) * s.heads_batch, 0);
+  double worst = 0;
+  for (unsigned cta = 0; cta < s.ctas; ++cta) {
+    double load = 0;
+    for (unsigned u = cta, j = 0; u < s.end; s.next(u, j)) {
+      const TileSchedule::Tile t = s.at(u, j, cta);
+      if (!t.valid) continue;
+      EXPECT_LT(t.hb, s.heads_batch);
+      EXPECT_GE(t.m_block, 0);
+      EXPECT_LT(t.m_block, int(s.m_blocks));
+      if (t.hb >= s.heads_batch || t.m_block < 0 || t.m_block >= int(s.m_blocks)) return -1;
+      ++seen[size_t(t.hb) * s.m_blocks + t.m_block];
+      load += cost(t.m_block);
+    }
+    worst = std::max(worst, load);
+  }
+  for (size_t i = 0; i < seen.size(); ++i)
+    EXPECT_EQ(seen[i], 1) << "tile " << i % s.m_blocks << " of (batch, head) " << i / s.m_blocks;
+  return worst;
+}
+
+}  // namespace sched
+
+TEST(Sm90Scheduler, EveryTileOnceWithAndWithoutATail) {
+  using flashcute::sm90::make_tile_schedule;
+  using flashcute::sm90::with_tail;
+  auto unit = [](int) { return 1.0; };
+  // (m_blocks, heads x batch, CTAs): odd and even tile counts, fewer units than CTAs, ragged rounds.
+  const unsigned cases[][3] = {{8, 512, 132}, {16, 256, 132}, {43, 64, 132}, {7, 3, 132}, {1, 5, 4},
+                               {2, 1, 132}, {9, 37, 10},   {13, 11, 7},   {5, 100, 16}, {86, 32, 132}};
+  for (const auto& c : cases) {
+    for (bool pair : {false, true}) {
+      const TileSchedule none = make_tile_schedule(pair, c[0], c[1], c[2]);
+      SCOPED_TRACE(::testing::Message() << "m_blocks " << c[0] << ", heads x batch " << c[1] << ", ctas " << c[2]
+                                        << (pair ? ", pairs" : ""));
+      sched::walk_all(none, unit);
+      if (!pair) continue;
+      const unsigned rounds = none.num_units / c[2];
+      for (unsigned extra = 0; extra <= rounds && extra <= 3; ++extra) {
+        const unsigned begin = (rounds - extra) * c[2];
+        if (begin >= none.num_units) continue;
+        SCOPED_TRACE(::testing::Message() << "tail from unit " << begin);
+        const TileSchedule s = with_tail(none, begin);
+        EXPECT_GT(s.tail_tiles, 0u);
+        sched::walk_all(s, unit);
+      }
+    }
+  }
+}
+
+TEST(Sm90Scheduler, TheTailEvensOutCausalRounds) {
+  using flashcute::sm90::make_tile_schedule;
+  using flashcute::sm90::plan_tile_schedule;
+  constexpr unsigned kSms = 132;
+  // FlashAttention's grid (16k tokens, 2048 hidden), causal: 2048 units of equal cost on 132 SMs
+  // are 15.5 rounds, so without a tail every CTA waits for a 16th (3% more than the mean).
+  struct Case {
+    int seqlen, head_dim, block_m, block_n;
+  };
+  for (const Case& c : {Case{1024, 64, 128, 128}, Case{2048, 64, 128, 128}, Case{4096, 64, 128, 128},
+                        Case{8192, 64, 192, 128}, Case{1024, 128, 128, 128}, Case{4096, 128, 128, 128},
+                        Case{1024, 256, 128, 80}, Case{8192, 256, 128, 80}}) {
+    SCOPED_TRACE(::testing::Message() << "seqlen " << c.seqlen << ", d " << c.head_dim);
+    const unsigned m_blocks = unsigned((c.seqlen + c.block_m - 1) / c.block_m);
+    const unsigned heads_batch = unsigned((16384 / c.seqlen) * (2048 / c.head_dim));
+    auto cost = [&](int x) { return sched::causal_cost(x, c.block_m, c.block_n, c.seqlen); };
+    const TileSchedule none = make_tile_schedule(true, m_blocks, heads_batch, kSms);
+    const TileSchedule plan = plan_tile_schedule(true, m_blocks, heads_batch, kSms, cost);
+    double total = 0;
+    for (unsigned x = 0; x < m_blocks; ++x) total += cost(int(x));
+    const double mean = total * heads_batch / kSms;
+    const double before = sched::walk_all(none, cost), after = sched::walk_all(plan, cost);
+    EXPECT_GT(plan.tail_tiles, 0u);
+    EXPECT_LT(after, before * 0.985) << "before " << before << ", after " << after << ", mean " << mean;
+    EXPECT_LT(after, mean * 1.025) << "after " << after << ", mean " << mean;
+    std::printf("seqlen %5d d %3d: the largest CTA %.3f x the mean, %.3f x without the tail\n", c.seqlen,
+                c.head_dim, after / mean, after / before);
+  }
+  // Without a mask, and where the units fill many rounds, there is no tail.
+  auto flat = [](int) { return 9.0; };
+  EXPECT_EQ(plan_tile_schedule(false, 8, 512, kSms, flat).tail_tiles, 0u);
+  EXPECT_EQ(plan_tile_schedule(true, 8, 512 * 32, kSms, flat).tail_tiles, 0u);
+  // A whole number of rounds needs none either.
+  EXPECT_EQ(plan_tile_schedule(true, 8, 132, kSms, [](int x) { return double(x + 2); }).tail_tiles, 0u);
+}
+
 TEST(TileTable, Sm90ValidateNamesTheBrokenRule) {
   using flashcute::sm90::FwdConfig;
   struct Bad {
@@ -185,7 +308,11 @@ TEST(TileTable, Sm90ValidateNamesTheBrokenRule) {
       {{.head_dim = 256, .block_m = 128, .block_n = 64, .q_stages = 2}, "tiles exceed the 227 KB shared-memory limit"},
       {{.head_dim = 256, .block_m = 128, .block_n = 80, .o_smem = true}, "tiles exceed the 227 KB shared-memory limit"},
       {{.head_dim = 64, .block_m = 192, .block_n = 64, .producer_regs = 24, .consumer_regs = 240},
-       "the warpgroups' registers exceed the 64K register file"},
+       "the warpgroups' registers exceed what the CTA is launched with (launch_regs() x num_threads())"},
+      // 32 + 2 x 240 fills the 64K register file, but a 384-thread CTA is launched with 168 a
+      // thread (64512): the consumers' setmaxnreg would wait forever (a hang seen on the H100).
+      {{.head_dim = 64, .block_m = 128, .block_n = 64, .producer_regs = 32, .consumer_regs = 240},
+       "the warpgroups' registers exceed what the CTA is launched with (launch_regs() x num_threads())"},
       {{.head_dim = 64, .block_m = 128, .block_n = 64, .producer_regs = 20}, "register counts must be multiples of 8 in [24, 256]"},
       {{.head_dim = 128, .block_m = 128, .block_n = 128, .o_smem = true, .o_via_v = true},
        "o_via_v needs one Q buffer, no O buffer, and a V buffer that holds 64 rows x 64 columns of O per consumer warpgroup"},

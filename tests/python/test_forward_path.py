@@ -140,6 +140,12 @@ CASES = [
     dict(b=4, h=16, sq=2049, sk=113, causal=True, d=64),
     dict(b=8, h=16, sq=1000, sk=1000, d=64),
     dict(b=4, h=16, sq=700, sk=900, softcap=20.0, dtype="float16"),
+    # Causal calls of more units than one round of 132 SMs takes: whole rounds of pairs, rotated
+    # over the CTAs, then the tail dealt tile by tile (sm90/scheduler.hpp); 80-key blocks at d 256,
+    # and more keys than queries.
+    dict(b=6, h=32, sq=1024, sk=1024, causal=True, d=64),
+    dict(b=4, h=16, sq=1024, sk=1024, causal=True, d=256),
+    dict(b=5, h=16, sq=900, sk=1300, causal=True),
 ]
 
 
@@ -183,8 +189,8 @@ LONG_CASES = [
     dict(sq=1000, sk=113, causal=True),
     dict(sq=1000, sk=1000, causal=True, b=4, h=16),  # several tiles per persistent CTA, in pairs
     dict(sq=577, sk=1500, b=8, h=16),  # several tiles per CTA, the next tile's first S early
-    # Several tiles per CTA of two and three blocks: the next tile's first two S early (128 x 128,
-    # early_second_s), a tile's last Q K^T among them, a ragged second block; softcap and fp16.
+    # Several tiles per CTA of two and three blocks: the next tile's first S early, a tile's last
+    # Q K^T among the first two blocks, a ragged second block; softcap and fp16.
     dict(sq=300, sk=257, b=8, h=16),
     dict(sq=700, sk=200, b=8, h=16, softcap=20.0, dtype="float16"),
     dict(window=(100, 3), sq=700, sk=700),

@@ -51,6 +51,12 @@ struct FwdConfig {
   // rounded up to 1024 bytes.
   static constexpr int o_region_bytes(int cols) { return (64 * cols * 2 + 1023) / 1024 * 1024; }
   constexpr int num_threads() const { return 128 * (consumer_warpgroups() + 1); }
+  // Registers per thread the kernel is compiled and launched with: __launch_bounds__(num_threads(),
+  // 1) gives each thread 64K / num_threads(), rounded down to the allocation unit of 8, at most 255.
+  constexpr int launch_regs() const {
+    const int regs = 65536 / num_threads() / 8 * 8;
+    return regs < 248 ? regs : 248;
+  }
   // `q_stages` Q tiles, `stages` K and V tiles, the O tile if staged, 2-byte elements, plus the barriers.
   constexpr int smem_bytes() const {
     return ((q_stages + (o_smem ? 1 : 0)) * block_m + 2 * stages * block_n) * head_dim * 2 + 1024;
@@ -69,8 +75,11 @@ constexpr const char* validate(FwdConfig cfg) {
   // setmaxnreg: multiples of 8 in [24, 256], and the CTA's total within the 64K register file.
   if (cfg.producer_regs % 8 != 0 || cfg.consumer_regs % 8 != 0 || cfg.producer_regs < 24 || cfg.consumer_regs > 256)
     return "register counts must be multiples of 8 in [24, 256]";
-  if (128 * (cfg.producer_regs + cfg.consumer_warpgroups() * cfg.consumer_regs) > 65536)
-    return "the warpgroups' registers exceed the 64K register file";
+  // setmaxnreg moves registers only within what the CTA was launched with: num_threads() times
+  // the per-thread count of __launch_bounds__(num_threads(), 1), 64K / num_threads() rounded down
+  // to a multiple of 8 (168 for 384 threads). A warpgroup that asks for more waits forever.
+  if (128 * (cfg.producer_regs + cfg.consumer_warpgroups() * cfg.consumer_regs) > cfg.launch_regs() * cfg.num_threads())
+    return "the warpgroups' registers exceed what the CTA is launched with (launch_regs() x num_threads())";
   if (cfg.pingpong && cfg.consumer_warpgroups() != 2) return "pingpong takes turns between exactly 2 consumer warpgroups";
   if (cfg.o_via_v && (cfg.o_smem || cfg.q_stages != 1 || cfg.o_pass_cols() == 0))
     return "o_via_v needs one Q buffer, no O buffer, and a V buffer that holds 64 rows x 64 columns of O per consumer warpgroup";

@@ -1,7 +1,7 @@
 // flashcute/sm90/kernel_fwd.hpp: the sm90a forward attention kernel (wgmma + TMA, warp-specialised).
 //
-// A CTA computes BLK_M x D tiles of O, each for one (batch, head): one tile, or, persistent, every
-// gridDim.x-th tile of the list (sm90/launch_fwd.hpp chooses). Warpgroup 0 is the producer: it
+// A CTA computes BLK_M x D tiles of O, each for one (batch, head): one tile, or, persistent, the
+// tiles sm90/scheduler.hpp deals it (sm90/launch_fwd.hpp chooses). Warpgroup 0 is the producer: it
 // gives most of its registers away (setmaxnreg) and one thread of its first warp issues the TMA
 // loads, a tile's Q (into one of `q_stages` buffers), then its K and V block by block into
 // `stages`-deep rings of shared-memory buffers, each guarded by a pair of mbarriers (full: the
@@ -29,6 +29,7 @@
 #include "flashcute/common/params.hpp"
 #include "flashcute/common/softmax.hpp"
 #include "flashcute/common/store.hpp"
+#include "flashcute/sm90/scheduler.hpp"
 #include "flashcute/sm90/traits.hpp"
 
 #define FLASHCUTE_INLINE __attribute__((always_inline))
@@ -97,32 +98,32 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
   extern __shared__ __align__(1024) char smem_buf[];
   auto& storage = *reinterpret_cast<typename Traits::SharedStorage*>(smem_buf);
 
-  // The work, in units of one tile (m_block, head, batch) or, with kp.pair_tiles (causal), two:
-  // query tiles p and m_blocks - 1 - p of one head, whose key blocks add up to the same count for
-  // every p. Units run in the order the sm80 kernel's grid runs its tiles (for each batch entry
-  // and head, from the last, heaviest, query tile to the first), so the CTAs at work at one time
-  // share K and V in L2. CTA c takes units c, c + gridDim.x, ...: the launch makes one CTA per
-  // SM where the units cost the same (no mask; causal pairs), else one per unit (windows), for
-  // the hardware's block scheduler to balance.
-  // 32-bit arithmetic (sm90_can_run keeps the count below 2^31): a 64-bit division is a long
+  // The work (sm90/scheduler.hpp): tiles of (m_block, head, batch), in units of one tile or, for
+  // causal masks, two; CTA c walks every gridDim.x-th unit, then its share of the tail, the last
+  // units dealt tile by tile, heaviest first. The launch makes one CTA per SM where the units cost
+  // the same (no mask; causal pairs), else one per unit (windows), for the hardware to balance.
+  // 32-bit arithmetic (sm90_can_run keeps the unit count below 2^31): a 64-bit division is a long
   // software routine, and every CTA decodes its first unit before its first load.
+  const TileSchedule& walk = kp.schedule;
   const unsigned m_blocks = ceil_div(params.seqlen_q, kBlockM);
-  const unsigned unit_m = kp.pair_tiles ? (m_blocks + 1) / 2 : m_blocks;  // units per (head, batch)
+  const unsigned unit_m = walk.pair_tiles ? (m_blocks + 1) / 2 : m_blocks;  // units per (head, batch)
   const unsigned num_units = unit_m * unsigned(params.nheads) * unsigned(params.batch);
-  const int tiles_per_unit = kp.pair_tiles ? 2 : 1;
+  // (Read as walk.end alone, the bound made ptxas spill at d 256, whose consumers have no
+  // register to spare; with the count computed here as before the tail existed, it does not.)
+  const unsigned work_end = walk.tail_tiles > 0 ? walk.end : num_units;
   struct Tile {
-    bool valid;  // false: the second tile of the middle pair, which is its first
+    bool valid;  // false: a position of the walk that holds no tile (TileSchedule)
     int m_block, head, batch, n_block_min, n_block_max;
   };
   const KeyMask mask{params.seqlen_k, params.seqlen_k - params.seqlen_q, params.window_left, params.window_right};
   auto tile_at = [&](unsigned u, unsigned j) FLASHCUTE_INLINE {
+    const TileSchedule::Tile w =
+        walk.in_tail(u) ? walk.tail_at(u, blockIdx.x) : TileSchedule::unit_tile(walk.unit_at(u), j, m_blocks, unit_m);
     Tile tile;
-    const unsigned mh = u / unit_m;
-    const int p = int(u - mh * unit_m);
-    tile.m_block = j == 0 ? int(m_blocks) - 1 - p : p;
-    tile.valid = j == 0 || tile.m_block != int(m_blocks) - 1 - p;
-    tile.head = int(mh % unsigned(params.nheads));
-    tile.batch = int(mh / unsigned(params.nheads));
+    tile.valid = w.valid;
+    tile.m_block = w.m_block;
+    tile.head = int(w.hb % unsigned(params.nheads));
+    tile.batch = int(w.hb / unsigned(params.nheads));
     // The key blocks any row of the tile can see: [n_block_min, n_block_max); none: O = 0, lse = -inf.
     const int m0 = tile.m_block * kBlockM;
     const int key_lo = max(0, mask.key_begin(m0));
@@ -131,9 +132,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
     tile.n_block_max = key_hi > key_lo ? ceil_div(key_hi, kBlockN) : tile.n_block_min;
     return tile;
   };
-  // This CTA's walk: tile j of unit u, then the unit's next tile, then the next unit.
   auto next_tile = [&](unsigned& u, unsigned& j) FLASHCUTE_INLINE {
-    if (++j == unsigned(tiles_per_unit)) j = 0, u += gridDim.x;
+    if (walk.in_tail(u) || ++j == (walk.pair_tiles ? 2u : 1u)) j = 0, u += gridDim.x;
   };
   const int group = params.nheads / params.nheads_k;  // query heads per KV head
 
@@ -176,7 +176,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
     Tensor mK = kp.tma_k.get_tma_tensor(make_shape(params.seqlen_k, params.head_dim, params.nheads_k, params.batch));
     Tensor mVt = kp.tma_v.get_tma_tensor(make_shape(params.head_dim, params.seqlen_k, params.nheads_k, params.batch));
     int step = 0, q_round = 0;
-    for (unsigned u = blockIdx.x, j = 0; u < num_units; next_tile(u, j)) {
+    for (unsigned u = blockIdx.x, j = 0; u < work_end; next_tile(u, j)) {
       const Tile tile = tile_at(u, j);
       if (!tile.valid || tile.n_block_max <= tile.n_block_min) continue;
       const int head_k = tile.head / group;
@@ -276,18 +276,24 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
   OnlineSoftmax<kRows> softmax(scale_log2);
   // Each tile is decoded once (integer divisions), after the tile before it has run its main
   // loop, where the next tile's first S needs it.
-  unsigned u = blockIdx.x, j = 0;  // tile 0 of a unit is always valid
-  Tile tile = tile_at(u, j);
+  unsigned u = blockIdx.x, j = 0;
+  Tile tile;
   unsigned next_u, next_j;
   Tile next;
+  // The first valid position after (u, j), or next_u >= work_end.
   auto find_next = [&]() FLASHCUTE_INLINE {
     next_u = u, next_j = j;
     do {
       next_tile(next_u, next_j);
-      if (next_u >= num_units) break;
+      if (next_u >= work_end) break;
       next = tile_at(next_u, next_j);
     } while (!next.valid);
   };
+  // The first position holds no tile where a tail round deals this CTA none.
+  if (u < work_end) {
+    tile = tile_at(u, j);
+    if (!tile.valid) find_next(), u = next_u, j = next_j, tile = next;
+  }
   // Softcap, mask and exponentiate the scores (acc_s) of block n_block of the tile at row tile_m0,
   // and say how much O must shrink.
   auto scores_to_probs = [&](int tile_m0, int n_block) FLASHCUTE_INLINE {
@@ -321,7 +327,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
     convert_fragment_into(acc_s, rP);
     ++step;
   };
-  while (u < num_units) {
+  while (u < work_end) {
     const int m0 = tile.m_block * kBlockM;
     clear(acc_o);
     if (!first_done) softmax = OnlineSoftmax<kRows>(scale_log2);
@@ -482,12 +488,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
       }
       if (tile.n_block_max - tile.n_block_min == 1) release(storage.q_empty[q_stage]);  // (no loop step ran)
       TxBarrier::wait(&storage.v_full[stage_of(step - 1)], phase_of(step - 1));
-      find_next();
       // With two Q buffers, the next tile's first S goes behind the last P V. (With one, its Q
       // load starts only now, after the last Q K^T, and waiting for it costs more than the
       // epilogue it would hide: perf-notes v37.)
+      find_next();
       bool early = false;
-      if constexpr (kQStages == 2) early = next_u < num_units && next.n_block_max > next.n_block_min;
+      if constexpr (kQStages == 2) early = next_u < work_end && next.n_block_max > next.n_block_min;
       if (early) {
         // Its Q is in the other buffer; the last P V goes first, since only the next S needs the
         // next tile's Q and K, and acc_s is free once P is converted.
@@ -522,9 +528,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
         first_done = false;
       }
     } else {
-      find_next();
       epilogue(-1);  // no key visible: O = 0, lse = -inf
       first_done = false;
+      find_next();
     }
     u = next_u, j = next_j;
     tile = next;

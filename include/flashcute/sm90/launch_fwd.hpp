@@ -11,13 +11,16 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "flashcute/common/launch.hpp"
+#include "flashcute/common/mask.hpp"
 #include "flashcute/common/params.hpp"
 #include "flashcute/common/status.hpp"
 #include "flashcute/sm90/config.hpp"
 #include "flashcute/sm90/kernel_fwd.hpp"
+#include "flashcute/sm90/scheduler.hpp"
 
 namespace flashcute::sm90 {
 
@@ -41,7 +44,7 @@ inline Status tma_encoder_available() {
 inline int64_t tma_stride(int64_t stride) { return stride != 0 ? stride : 8; }
 
 template <class Traits>
-FwdKernelParams<Traits> make_kernel_params(const FwdParams& p) {
+FwdKernelParams<Traits> make_kernel_params(const FwdParams& p, TileSchedule schedule) {
   using namespace cute;
   using Element = typename Traits::Element;
   auto q = make_tensor(make_gmem_ptr(static_cast<Element const*>(p.q)),
@@ -58,7 +61,7 @@ FwdKernelParams<Traits> make_kernel_params(const FwdParams& p) {
                                     tma_stride(p.v_batch_stride)));  // (d,Sk,Hk,B)
   return FwdKernelParams<Traits>{
       p,
-      p.window_left < 0 && p.window_right == 0,  // causal: pairs of tiles
+      schedule,
       make_tma_copy(SM90_TMA_LOAD{}, q, take<0, 2>(typename Traits::SmemLayoutQ{})),
       make_tma_copy(SM90_TMA_LOAD{}, k, take<0, 2>(typename Traits::SmemLayoutK{})),
       make_tma_copy(SM90_TMA_LOAD{}, vt, take<0, 2>(typename Traits::SmemLayoutVt{})),
@@ -73,19 +76,35 @@ Status launch_fwd_with(const FwdParams& params, cudaStream_t stream) {
   constexpr auto kernel = &fwd_kernel<Traits>;
   if (Status st = allow_smem<kernel>(kSmem); !st.ok()) return st;
   if (Status st = tma_encoder_available(); !st.ok()) return st;
-  const FwdKernelParams<Traits> kp = make_kernel_params<Traits>(params);
   // Where the units of work cost the same (no mask: tiles; causal: pairs of tiles) one persistent
   // CTA per SM walks them, and its producer loads the next tile's Q and first keys while the
-  // consumers finish the last. Window tiles differ in length: one CTA each, heaviest first,
-  // balanced by the hardware.
-  const int64_t m_blocks = (params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
-  const int64_t units = (kp.pair_tiles ? (m_blocks + 1) / 2 : m_blocks) * params.nheads * params.batch;
-  int64_t ctas = units;
-  if (kp.pair_tiles || (params.window_left < 0 && params.window_right < 0)) {
+  // consumers finish the last; with causal pairs the last units may be dealt tile by tile
+  // (scheduler.hpp). Window tiles differ in length: one CTA each, heaviest first, balanced by the
+  // hardware.
+  const bool causal = params.window_left < 0 && params.window_right == 0;
+  const unsigned m_blocks = unsigned((params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM);
+  const unsigned heads_batch = unsigned(params.nheads) * unsigned(params.batch);
+  const unsigned units = (causal ? (m_blocks + 1) / 2 : m_blocks) * heads_batch;
+  TileSchedule schedule = make_tile_schedule(causal, m_blocks, heads_batch, units);  // one CTA per unit
+  if (causal || (params.window_left < 0 && params.window_right < 0)) {
     const int sms = device_sms();
-    if (sms > 0 && sms < ctas) ctas = sms;
+    if (sms > 0) {
+      // A query tile's cost: its key blocks, plus one for what a tile costs beyond them (its first
+      // softmax and epilogue: about one main-loop step, perf-notes v31).
+      const KeyMask mask{params.seqlen_k, params.seqlen_k - params.seqlen_q, params.window_left, params.window_right};
+      auto cost = [&](int m_block) {
+        const int m0 = m_block * Traits::kBlockM;
+        const int key_lo = std::max(0, mask.key_begin(m0));
+        const int key_hi = mask.key_end(std::min(m0 + Traits::kBlockM, params.seqlen_q) - 1);
+        const int blocks = key_hi > key_lo ? (key_hi + Traits::kBlockN - 1) / Traits::kBlockN - key_lo / Traits::kBlockN : 0;
+        return double(blocks + 1);
+      };
+      schedule = plan_tile_schedule(causal, m_blocks, heads_batch, unsigned(sms), cost);
+      if (schedule.tail_tiles == 0 && units <= unsigned(sms)) schedule = make_tile_schedule(causal, m_blocks, heads_batch, units);
+    }
   }
-  kernel<<<dim3(unsigned(ctas)), Traits::kNThreads, kSmem, stream>>>(kp);
+  const FwdKernelParams<Traits> kp = make_kernel_params<Traits>(params, schedule);
+  kernel<<<dim3(schedule.ctas), Traits::kNThreads, kSmem, stream>>>(kp);
   FLASHCUTE_CUDA_CHECK(cudaGetLastError());
   return Status::success();
 }

@@ -18,6 +18,7 @@
 #include "flashcute/common/element.hpp"
 #include "flashcute/common/params.hpp"
 #include "flashcute/sm90/config.hpp"
+#include "flashcute/sm90/scheduler.hpp"
 
 namespace flashcute::sm90 {
 
@@ -134,7 +135,7 @@ struct FwdTraits {
 template <class Traits>
 struct FwdKernelParams {
   FwdParams params;
-  bool pair_tiles;  // causal: a unit of work is query tiles p and m_blocks - 1 - p (kernel_fwd.hpp)
+  TileSchedule schedule;  // how the CTAs walk the tiles (scheduler.hpp)
   typename Traits::TmaQ tma_q;
   typename Traits::TmaK tma_k;
   typename Traits::TmaV tma_v;

@@ -1,0 +1,209 @@
+// flashcute/sm90/scheduler.hpp: the persistent tile scheduler of the sm90a forward kernel.
+//
+// A tile is BLK_M query rows of one (batch, head), `hb` = batch * nheads + head. The work comes in
+// units: one tile, or, for causal masks (`pair_tiles`), query tiles p and m_blocks - 1 - p of one
+// head, whose key blocks add up to about the same count for every p. Units run in the order the
+// sm80 kernel's grid runs its tiles (for each (batch, head), from the last, heaviest query tile
+// to the first), so the CTAs at work at one time share K and V in L2: CTA c takes units c,
+// c + ctas, c + 2 ctas, ...
+//
+// Units of equal cost still leave the last round ragged: 2048 causal units on 132 SMs are 15.5
+// rounds, and every SM waits for the 68 that take a 16th (3% of the whole). So with pair_tiles the
+// last units, from `tail_begin` (a whole number of rounds), form a tail walked tile by tile: its
+// tiles, heaviest first (the last query tile of every (batch, head) in it, then the one before it,
+// ...), dealt to the CTAs in rounds that alternate direction (0, 1, ..., ctas - 1, then back), so
+// that who takes a heavy tile in one round takes a light one in the next. The host chooses the
+// tail (plan_tile_schedule) by simulating that deal; the kernel and the host tests walk it with
+// the same functions below.
+//
+// Everything here is 32-bit (sm90_can_run keeps the unit count below 2^31): a 64-bit division is
+// a long software routine, and every CTA decodes its first tile before its first load.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include <cute/config.hpp>
+
+namespace flashcute::sm90 {
+
+// n / d for n < 2^31 as a multiply-high and a shift, with the multiplier worked out on the host
+// (Granlund and Montgomery): the tail's decode divides by runtime counts, and a 32-bit division is
+// a subroutine of some twenty instructions and registers the consumers do not have to spare.
+struct FastDiv {
+  unsigned mul = 0, shift = 0;
+  FastDiv() = default;
+  explicit FastDiv(unsigned d) {  // d >= 1
+    while ((1ull << shift) < d) ++shift;
+    mul = unsigned(((1ull << 32) * ((1ull << shift) - d)) / d + 1);
+  }
+  CUTE_HOST_DEVICE unsigned operator()(unsigned n) const {
+#if defined(__CUDA_ARCH__)
+    const unsigned hi = __umulhi(n, mul);
+#else
+    const unsigned hi = unsigned((uint64_t(n) * mul) >> 32);
+#endif
+    return (hi + n) >> shift;
+  }
+};
+
+// One launch's walk, decided on the host (plan_tile_schedule) and passed in the kernel's
+// parameters. A CTA walks positions (u, j) from (cta, 0) while u < end, stepped by next(): before
+// the tail, u is a unit and j its tile; in the tail, u = tail_begin + t * ctas + cta for the CTA's
+// t-th round, and j = 0. A position may hold no tile (`valid` false): the second tile of the
+// middle pair of an odd count (its first), or a tail round's slot past the last tile.
+struct TileSchedule {
+  bool pair_tiles = false;   // causal: a unit is query tiles p and m_blocks - 1 - p
+  unsigned m_blocks = 0;     // query tiles per (batch, head)
+  unsigned heads_batch = 0;  // (batch, head) pairs
+  unsigned ctas = 0;         // the grid
+  unsigned unit_m = 0;       // units per (batch, head)
+  unsigned num_units = 0;
+  unsigned tail_begin = 0;   // units walked round-robin before the tail (a multiple of ctas)
+  unsigned tail_tiles = 0;   // tiles of the tail (0: none, and tail_begin is the unit count)
+  unsigned end = 0;          // one past every CTA's last position
+  // The tail's units are the pairs p >= tail_p0 of (batch, head) tail_b0 (its query tiles [p0,
+  // m_blocks - 1 - p0]) and all units of the tail_full (F) pairs after it.
+  unsigned tail_b0 = 0, tail_p0 = 0, tail_full = 0;
+  FastDiv div_ctas, div_full, div_full1;  // by ctas, F and F + 1
+
+  struct Tile {
+    bool valid;
+    int m_block;
+    unsigned hb;  // batch * nheads + head
+  };
+
+  CUTE_HOST_DEVICE bool in_tail(unsigned u) const { return tail_tiles > 0 && u >= tail_begin; }
+  CUTE_HOST_DEVICE void next(unsigned& u, unsigned& j) const {
+    if (in_tail(u) || ++j == (pair_tiles ? 2u : 1u)) j = 0, u += ctas;
+  }
+  CUTE_HOST_DEVICE Tile at(unsigned u, unsigned j, unsigned cta) const {
+    return in_tail(u) ? tail_at(u, cta) : unit_tile(unit_at(u), j, m_blocks, unit_m);
+  }
+
+  // The unit at position u before the tail. With a tail, round i's units go to the CTAs rotated
+  // by i: pairs of tiles cost the same only up to a key block (block_n need not divide block_m),
+  // and without the rotation CTA c would take a unit of the same pair p in every round where
+  // unit_m divides ctas (d 256 at 1k: pairs of 17 and 18 blocks, and a CTA took 18 in each of
+  // its rounds). The rounds' units stay the same, and so do the heads in flight at one time.
+  CUTE_HOST_DEVICE unsigned unit_at(unsigned u) const {
+    if (tail_tiles == 0) return u;
+    const unsigned i = div_ctas(u);  // the round
+    const unsigned r = u - i * ctas + i;  // the CTA, plus the round
+    return i * ctas + (r - div_ctas(r) * ctas);
+  }
+
+  // Tile j of unit u. Static, with the counts as arguments: the kernel passes its own copies,
+  // computed from the problem's shape (reading them from the parameters here instead made ptxas
+  // spill at d 256, whose consumers have no register to spare).
+  CUTE_HOST_DEVICE static Tile unit_tile(unsigned u, unsigned j, unsigned m_blocks, unsigned unit_m) {
+    Tile tile;
+    const unsigned hb = u / unit_m;
+    const unsigned p = u - hb * unit_m;
+    const unsigned last = m_blocks - 1 - p;
+    tile.hb = hb;
+    tile.m_block = int(j == 0 ? last : p);
+    tile.valid = j == 0 || p != last;
+    return tile;
+  }
+
+  // The tile at tail position u of CTA cta: round t deals tail tiles [t ctas, (t + 1) ctas),
+  // forwards in even rounds and backwards in odd ones.
+  CUTE_HOST_DEVICE Tile tail_at(unsigned u, unsigned cta) const {
+    const unsigned v = u - tail_begin;  // t * ctas + cta
+    const unsigned k = (div_ctas(v) & 1) ? v + ctas - 1 - 2 * cta : v;
+    Tile tile{k < tail_tiles, 0, 0};
+    if (tile.valid) tail_tile(k, tile);
+    return tile;
+  }
+
+  // Tile k of the tail, heaviest first: query tile x from m_blocks - 1 down to 0, and for each x
+  // the (batch, head) pairs that have it, in order.
+  CUTE_HOST_DEVICE void tail_tile(unsigned k, Tile& tile) const {
+    const unsigned top = tail_p0 * tail_full;  // x in (m - 1 - p0, m - 1]: F tiles each
+    const unsigned mid = (m_blocks - 2 * tail_p0) * (tail_full + 1);  // x in [p0, m - 1 - p0]: b0's too
+    if (k >= top && k < top + mid) {
+      const unsigned r = k - top, i = div_full1(r);
+      tile.m_block = int(m_blocks - 1 - tail_p0 - i);
+      tile.hb = tail_b0 + r - i * (tail_full + 1);
+    } else {  // x above or below that range: F tiles each (reached only where F > 0)
+      const unsigned r = k < top ? k : k - mid, i = div_full(r);
+      tile.m_block = int(k < top ? m_blocks - 1 - i : m_blocks - 1 - i - (m_blocks - 2 * tail_p0));
+      tile.hb = tail_b0 + 1 + r - i * tail_full;
+    }
+  }
+};
+
+// The walk without a tail: every unit round-robin on `ctas` CTAs.
+inline TileSchedule make_tile_schedule(bool pair_tiles, unsigned m_blocks, unsigned heads_batch, unsigned ctas) {
+  TileSchedule s;
+  s.pair_tiles = pair_tiles;
+  s.m_blocks = m_blocks;
+  s.heads_batch = heads_batch;
+  s.ctas = ctas;
+  s.unit_m = pair_tiles ? (m_blocks + 1) / 2 : m_blocks;
+  s.num_units = s.unit_m * heads_batch;
+  s.tail_begin = s.num_units;
+  s.end = s.num_units;
+  s.div_ctas = FastDiv(ctas > 0 ? ctas : 1);
+  return s;
+}
+
+// The same walk with the tail from unit tail_begin (pair_tiles; a multiple of ctas below the
+// unit count).
+inline TileSchedule with_tail(TileSchedule s, unsigned tail_begin) {
+  s.tail_begin = tail_begin;
+  s.tail_b0 = tail_begin / s.unit_m;
+  s.tail_p0 = tail_begin - s.tail_b0 * s.unit_m;
+  s.tail_full = s.heads_batch - s.tail_b0 - 1;
+  s.tail_tiles = s.m_blocks * (s.heads_batch - s.tail_b0) - 2 * s.tail_p0;
+  s.end = tail_begin + (s.tail_tiles + s.ctas - 1) / s.ctas * s.ctas;
+  s.div_full = FastDiv(s.tail_full > 0 ? s.tail_full : 1);
+  s.div_full1 = FastDiv(s.tail_full + 1);
+  return s;
+}
+
+// The schedule of one launch on `ctas` CTAs. cost(m_block): what a query tile costs, in any unit
+// (the launch uses its key blocks plus one for the tile's fixed cost). Without pair_tiles, or where
+// the units fill more than kMaxRounds rounds (a ragged last round then costs under 2%), there is
+// no tail. Otherwise the host simulates the deal for tails of the last ragged round plus 0, 1 or
+// 2 whole rounds and keeps the one that ends soonest, or none if none ends sooner than without.
+// The regular rounds are counted at the mean unit cost: equal loads on every CTA.
+template <class Cost>
+TileSchedule plan_tile_schedule(bool pair_tiles, unsigned m_blocks, unsigned heads_batch, unsigned ctas,
+                                Cost&& cost) {
+  const TileSchedule none = make_tile_schedule(pair_tiles, m_blocks, heads_batch, ctas);
+  const unsigned num_units = none.num_units;
+  constexpr unsigned kMaxRounds = 64;
+  if (!pair_tiles || ctas == 0 || num_units == 0 || num_units > kMaxRounds * ctas) return none;
+  std::vector<double> tile_cost(m_blocks);
+  double head_cost = 0;  // one (batch, head): all its query tiles
+  for (unsigned x = 0; x < m_blocks; ++x) head_cost += tile_cost[x] = cost(int(x));
+  const double unit_cost = head_cost / none.unit_m;
+  const unsigned rounds = num_units / ctas;
+  double best = double((num_units + ctas - 1) / ctas) * unit_cost;  // no tail
+  TileSchedule chosen = none;
+  std::vector<double> load(ctas);
+  for (unsigned extra = 0; extra <= 2 && extra <= rounds; ++extra) {
+    const unsigned tail_begin = (rounds - extra) * ctas;
+    if (tail_begin >= num_units) continue;
+    const TileSchedule s = with_tail(none, tail_begin);
+    // The deal, in the order of TileSchedule::tail_tile: x from the last query tile down, as many
+    // tiles of each as the tail's (batch, head) pairs have.
+    std::fill(load.begin(), load.end(), 0.0);
+    unsigned slot = 0, round = 0;
+    for (unsigned x = m_blocks; x-- > 0;) {
+      const unsigned count = s.tail_full + (x >= s.tail_p0 && x <= m_blocks - 1 - s.tail_p0 ? 1 : 0);
+      for (unsigned n = 0; n < count; ++n) {
+        load[(round & 1) ? ctas - 1 - slot : slot] += tile_cost[x];
+        if (++slot == ctas) slot = 0, ++round;
+      }
+    }
+    const double span = double(rounds - extra) * unit_cost + *std::max_element(load.begin(), load.end());
+    if (span < best * 0.999) best = span, chosen = s;  // a tie keeps fewer heads in flight (L2)
+  }
+  return chosen;
+}
+
+}  // namespace flashcute::sm90
