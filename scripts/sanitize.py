@@ -86,6 +86,9 @@ CASES: tuple[Case, ...] = (
     # d 64's long-sequence sm90 tiles (three consumer warpgroups), forced on small calls.
     Case("long-tiles-ragged-causal", 2, 113, 300, 4, 2, 64, causal=True, sm90_tiles="long"),
     Case("long-tiles-multiblock", 1, 400, 700, 4, 4, 64, sm90_tiles="long"),
+    # A causal call of 16 query tiles per head and 136 units (more than the 132 SMs): a rotated
+    # round of pairs, then the tail dealt tile by tile (sm90/scheduler.hpp).
+    Case("causal-rounds-tail", 1, 2048, 2048, 17, 17, 64, causal=True),
 )
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}

@@ -263,9 +263,9 @@ TEST(Sm90Scheduler, TheTailEvensOutCausalRounds) {
   struct Case {
     int seqlen, head_dim, block_m, block_n;
   };
-  for (const Case& c : {Case{1024, 64, 128, 128}, Case{2048, 64, 128, 128}, Case{4096, 64, 128, 128},
-                        Case{8192, 64, 192, 128}, Case{1024, 128, 128, 128}, Case{4096, 128, 128, 128},
-                        Case{1024, 256, 128, 80}, Case{8192, 256, 128, 80}}) {
+  for (const Case& c : {Case{2048, 64, 128, 128}, Case{4096, 64, 128, 128}, Case{8192, 64, 192, 128},
+                        Case{2048, 128, 128, 128}, Case{4096, 128, 128, 128}, Case{2048, 256, 128, 80},
+                        Case{8192, 256, 128, 80}}) {
     SCOPED_TRACE(::testing::Message() << "seqlen " << c.seqlen << ", d " << c.head_dim);
     const unsigned m_blocks = unsigned((c.seqlen + c.block_m - 1) / c.block_m);
     const unsigned heads_batch = unsigned((16384 / c.seqlen) * (2048 / c.head_dim));
@@ -282,12 +282,14 @@ TEST(Sm90Scheduler, TheTailEvensOutCausalRounds) {
     std::printf("seqlen %5d d %3d: the largest CTA %.3f x the mean, %.3f x without the tail\n", c.seqlen,
                 c.head_dim, after / mean, after / before);
   }
-  // Without a mask, and where the units fill many rounds, there is no tail.
+  // Without a mask, where the units fill many rounds, or at fewer than 16 query tiles per (batch,
+  // head) (1k at 128 rows: measured slower with a tail, perf-notes v48), there is no tail.
   auto flat = [](int) { return 9.0; };
-  EXPECT_EQ(plan_tile_schedule(false, 8, 512, kSms, flat).tail_tiles, 0u);
-  EXPECT_EQ(plan_tile_schedule(true, 8, 512 * 32, kSms, flat).tail_tiles, 0u);
+  EXPECT_EQ(plan_tile_schedule(false, 16, 512, kSms, flat).tail_tiles, 0u);
+  EXPECT_EQ(plan_tile_schedule(true, 16, 256 * 32, kSms, flat).tail_tiles, 0u);
+  EXPECT_EQ(plan_tile_schedule(true, 8, 512, kSms, flat).tail_tiles, 0u);
   // A whole number of rounds needs none either.
-  EXPECT_EQ(plan_tile_schedule(true, 8, 132, kSms, [](int x) { return double(x + 2); }).tail_tiles, 0u);
+  EXPECT_EQ(plan_tile_schedule(true, 16, 66, kSms, [](int x) { return double(x + 2); }).tail_tiles, 0u);
 }
 
 TEST(TileTable, Sm90ValidateNamesTheBrokenRule) {

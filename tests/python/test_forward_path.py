@@ -140,12 +140,12 @@ CASES = [
     dict(b=4, h=16, sq=2049, sk=113, causal=True, d=64),
     dict(b=8, h=16, sq=1000, sk=1000, d=64),
     dict(b=4, h=16, sq=700, sk=900, softcap=20.0, dtype="float16"),
-    # Causal calls of more units than one round of 132 SMs takes: whole rounds of pairs, rotated
-    # over the CTAs, then the tail dealt tile by tile (sm90/scheduler.hpp); 80-key blocks at d 256,
-    # and more keys than queries.
-    dict(b=6, h=32, sq=1024, sk=1024, causal=True, d=64),
-    dict(b=4, h=16, sq=1024, sk=1024, causal=True, d=256),
-    dict(b=5, h=16, sq=900, sk=1300, causal=True),
+    # Causal calls of 16 query tiles or more per head and more units than one round of 132 SMs
+    # takes: whole rounds of pairs, rotated over the CTAs, then the tail dealt tile by tile
+    # (sm90/scheduler.hpp); 80-key blocks at d 256, and more keys than queries.
+    dict(b=3, h=32, sq=2048, sk=2048, causal=True, d=64),
+    dict(b=2, h=16, sq=2048, sk=2048, causal=True, d=256),
+    dict(b=3, h=16, sq=2000, sk=2400, causal=True),
 ]
 
 
