@@ -99,9 +99,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
   auto& storage = *reinterpret_cast<typename Traits::SharedStorage*>(smem_buf);
 
   // The work (sm90/scheduler.hpp): tiles of (m_block, head, batch), in units of one tile or, for
-  // causal masks, two; CTA c walks every gridDim.x-th unit, then its share of the tail, the last
-  // units dealt tile by tile, heaviest first. The launch makes one CTA per SM where the units cost
-  // the same (no mask; causal pairs), else one per unit (windows), for the hardware to balance.
+  // causal masks, two; CTA c walks one unit of every round of gridDim.x units, then its share of
+  // the tail, the last units dealt tile by tile, heaviest first. The launch makes one CTA per SM
+  // where the units cost the same (no mask; causal pairs), else one per unit (windows), for the
+  // hardware to balance.
   // 32-bit arithmetic (sm90_can_run keeps the unit count below 2^31): a 64-bit division is a long
   // software routine, and every CTA decodes its first unit before its first load.
   const TileSchedule& walk = kp.schedule;

@@ -13,8 +13,9 @@
 // tiles, heaviest first (the last query tile of every (batch, head) in it, then the one before it,
 // ...), dealt to the CTAs in rounds that alternate direction (0, 1, ..., ctas - 1, then back), so
 // that who takes a heavy tile in one round takes a light one in the next. The host chooses the
-// tail (plan_tile_schedule) by simulating that deal; the kernel and the host tests walk it with
-// the same functions below.
+// tail (plan_tile_schedule) by simulating that deal, and takes none below 16 query tiles per
+// (batch, head), where it measured slower (perf-notes v48); the kernel and the host tests walk it
+// with the same functions below.
 //
 // Everything here is 32-bit (sm90_can_run keeps the unit count below 2^31): a 64-bit division is
 // a long software routine, and every CTA decodes its first tile before its first load.
