@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "flashcute/host/api.hpp"
+#include "flashcute/common/mask.hpp"
 #include "flashcute/sm90/scheduler.hpp"
 
 namespace {
@@ -196,8 +197,9 @@ namespace sched {
 
 // Query tile x of a causal square problem: its key blocks, plus one, as launch_fwd_with counts.
 double causal_cost(int x, int block_m, int block_n, int seqlen) {
-  const int keys = std::min((x + 1) * block_m, seqlen);
-  return double((keys + block_n - 1) / block_n + 1);
+  const flashcute::KeyMask causal{seqlen, 0, -1, 0};
+  const flashcute::KeyMask::Blocks blocks = causal.key_blocks(x * block_m, block_m, seqlen, block_n);
+  return double(blocks.last - blocks.first + 1);
 }
 
 // Walks every CTA as the kernel does; checks that each tile comes exactly once, and returns the

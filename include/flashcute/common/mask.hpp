@@ -32,6 +32,18 @@ struct KeyMask {
     return window_left >= 0 ? cute::min(seqlen_q, key - offset + window_left + 1) : seqlen_q;
   }
 
+  // The key blocks of block_n keys that any of the query rows [m0, min(m0 + bm, seqlen_q)) sees:
+  // [first, last), first == last where none does.
+  struct Blocks {
+    int first, last;
+  };
+  CUTE_HOST_DEVICE Blocks key_blocks(int m0, int bm, int seqlen_q, int block_n) const {
+    const int key_lo = cute::max(0, key_begin(m0));
+    const int key_hi = key_end(cute::min(m0 + bm, seqlen_q) - 1);
+    const int first = key_lo / block_n;
+    return {first, key_hi > key_lo ? (key_hi + block_n - 1) / block_n : first};
+  }
+
   // True unless every (row, key) of the tile rows [m0, m0+bm) x keys [n0, n0+bn) is visible.
   CUTE_HOST_DEVICE bool tile_needs_mask(int m0, int bm, int n0, int bn) const {
     return n0 + bn > key_end(m0) || n0 < key_begin(m0 + bm - 1);

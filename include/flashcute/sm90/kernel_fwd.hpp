@@ -126,11 +126,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
     tile.head = int(w.hb % unsigned(params.nheads));
     tile.batch = int(w.hb / unsigned(params.nheads));
     // The key blocks any row of the tile can see: [n_block_min, n_block_max); none: O = 0, lse = -inf.
-    const int m0 = tile.m_block * kBlockM;
-    const int key_lo = max(0, mask.key_begin(m0));
-    const int key_hi = mask.key_end(min(m0 + kBlockM, params.seqlen_q) - 1);
-    tile.n_block_min = key_lo / kBlockN;
-    tile.n_block_max = key_hi > key_lo ? ceil_div(key_hi, kBlockN) : tile.n_block_min;
+    const KeyMask::Blocks blocks = mask.key_blocks(tile.m_block * kBlockM, kBlockM, params.seqlen_q, kBlockN);
+    tile.n_block_min = blocks.first;
+    tile.n_block_max = blocks.last;
     return tile;
   };
   auto next_tile = [&](unsigned& u, unsigned& j) FLASHCUTE_INLINE {

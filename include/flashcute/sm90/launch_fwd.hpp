@@ -11,7 +11,6 @@
 
 #include <cuda_runtime_api.h>
 
-#include <algorithm>
 #include <cstdint>
 
 #include "flashcute/common/launch.hpp"
@@ -93,11 +92,9 @@ Status launch_fwd_with(const FwdParams& params, cudaStream_t stream) {
       // softmax and epilogue: about one main-loop step, perf-notes v31).
       const KeyMask mask{params.seqlen_k, params.seqlen_k - params.seqlen_q, params.window_left, params.window_right};
       auto cost = [&](int m_block) {
-        const int m0 = m_block * Traits::kBlockM;
-        const int key_lo = std::max(0, mask.key_begin(m0));
-        const int key_hi = mask.key_end(std::min(m0 + Traits::kBlockM, params.seqlen_q) - 1);
-        const int blocks = key_hi > key_lo ? (key_hi + Traits::kBlockN - 1) / Traits::kBlockN - key_lo / Traits::kBlockN : 0;
-        return double(blocks + 1);
+        const KeyMask::Blocks blocks =
+            mask.key_blocks(m_block * Traits::kBlockM, Traits::kBlockM, params.seqlen_q, Traits::kBlockN);
+        return double(blocks.last - blocks.first + 1);
       };
       schedule = plan_tile_schedule(causal, m_blocks, heads_batch, unsigned(sms), cost);
       if (schedule.tail_tiles == 0 && units <= unsigned(sms)) schedule = make_tile_schedule(causal, m_blocks, heads_batch, units);
