@@ -17,7 +17,8 @@
 # Environment: DIMS (A's head dims, default 64,128,256), DTYPES (default bf16), BENCH_ARGS (more
 # bench arguments, e.g. "--seqlens 1024,8192"), PYTEST (pytest targets run on A, e.g.
 # tests/python/test_forward_path.py), NCU=1 (ncu --set full on A over scripts/ncu_fwd.py; NCU_SHAPES
-# picks its shapes, e.g. 64:causal:1024).
+# picks its shapes, e.g. 64:causal:1024), BENCH_TIMEOUT (seconds one bench run may take, default
+# 240: a variant that hangs loses its own runs only).
 # Everything lands in $OUT/results.tgz (the device returns at most 8 files).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
@@ -64,7 +65,7 @@ bench() {  # bench REP
   local name
   for name in "${VARS[@]}"; do
     echo "== bench $name rep $1"
-    PYTHONPATH="$WORK/pkg_$name" python3 -m flashcute.bench --headdims "${VDIMS[$name]}" --dtype "${DTYPES:-bf16}" ${BENCH_ARGS:-} \
+    PYTHONPATH="$WORK/pkg_$name" timeout "${BENCH_TIMEOUT:-240}" python3 -m flashcute.bench --headdims "${VDIMS[$name]}" --dtype "${DTYPES:-bf16}" ${BENCH_ARGS:-} \
       --impls flashcute,sdpa-cudnn --no-plot --out-dir "$WORK/bench_${name}_$1" 2>&1 | grep "d=\|rror\|runs on\|matmul"
   done
 }

@@ -319,6 +319,34 @@ def test_flash_attention_2_call(torch, require_kernel):
     assert check.ok, check.message
 
 
+@pytest.mark.parametrize("d", [32, 64, 96, 128, 192, 256])
+@pytest.mark.parametrize("rate", [1.0, 5.0, 12.0])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_row_maxima_that_grow_across_key_blocks(torch, require_kernel, d, rate, causal):
+    """Scores that rise by `rate` (natural-log units) every 128 keys: toward the first key in head 0,
+    toward the last in head 1, so that a row's running maximum grows block after block in whichever
+    order a kernel walks them: by 1.4, 7.2 or 17 in log2 units a block, below and above the 2^8
+    that the sm90 kernel lets the probabilities reach before it moves the maximum and rescales O
+    (perf-notes v51). Random inputs never get there: their row maxima settle in the first block."""
+    dtype = "bfloat16" if rate != 5.0 else "float16"
+    require_kernel(dtype, d)
+    sq, sk, h = 1000, 1000, 2
+    g = torch.Generator(device="cuda").manual_seed(int(rate * 10) + d + causal)
+    e = torch.full((d,), d ** -0.5, device="cuda")  # a unit vector
+    # q_i = sqrt(d) e + noise, k_j = c_j e + noise: q_i . k_j / sqrt(d) = c_j + O(1).
+    q = d ** 0.5 * e + 0.5 * torch.randn(1, sq, h, d, device="cuda", generator=g)
+    ramp = torch.arange(sk, device="cuda", dtype=torch.float32) * (rate / 128)
+    c = torch.stack([ramp.flip(0), ramp], dim=-1)  # (sk, h)
+    k = c[None, :, :, None] * e + 0.5 * torch.randn(1, sk, h, d, device="cuda", generator=g)
+    v = torch.randn(1, sk, h, d, device="cuda", generator=g)
+    q, k, v = (t.to(getattr(torch, dtype)) for t in (q, k, v))
+    out = torch.full_like(q, float("nan"))
+    _, lse = flashcute.flash_attn_func(q, k, v, causal=causal, out=out, return_lse=True)
+    torch.cuda.synchronize()
+    check = check_attention(out, q, k, v, lse=lse, causal=causal)
+    assert check.ok, check.message
+
+
 def test_results_are_deterministic(torch, require_kernel):
     require_kernel("bfloat16", 128)
     c = Case(dtype="bfloat16", d=128, sq=1000, sk=1000, causal=True)

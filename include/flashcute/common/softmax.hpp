@@ -84,6 +84,45 @@ struct OnlineSoftmax {
     for (int i = 0; i < kRows; ++i) rescale[i] = rescale_row(scores, i);
   }
 
+  // How far a row's maximum may grow, in log2 units of the probabilities, before rescale_scores_lazy
+  // moves it: probabilities stay at most 2^8, exact in bf16 and fp16 (P V accumulates in fp32).
+  static constexpr float kMaxGrowthLog2 = 8.f;
+
+  // rescale_scores() with FlashAttention-4's lazy maximum: the running maximum only has to bound
+  // the exponentials, so a row keeps it until a block raises it by more than kMaxGrowthLog2 (the
+  // sum and O use the same one, so the result is the same). Returns whether any of this thread's
+  // rows moved (rescale[i] != 1): where no row of a warp did, O need not be touched.
+  template <class Scores>
+  CUTE_DEVICE bool rescale_scores_lazy(Scores& scores, float (&rescale)[kRows]) {
+    static_assert(decltype(cute::size<0>(scores))::value == kRows);
+    bool moved = false;
+    CUTE_UNROLL
+    for (int i = 0; i < kRows; ++i) {
+      float tile_max = row_max[i];
+      CUTE_UNROLL
+      for (int j = 0; j < cute::size<1>(scores); ++j) tile_max = fmaxf(tile_max, scores(i, j));
+      const float new_max = quad_allreduce(tile_max, MaxOp{});
+      // +inf at the row's first visible key; NaN (not taken) while it has seen none.
+      const float growth = (new_max - row_max[i]) * scale_log2;
+      const bool grows = growth > kMaxGrowthLog2;
+      // A row that had seen no visible key has O = 0 and sum 0: nothing to shrink.
+      const bool shrinks = grows && row_max[i] != -INFINITY;
+      rescale[i] = shrinks ? exp2f(-growth) : 1.f;
+      moved |= shrinks;
+      row_max[i] = grows ? new_max : row_max[i];
+      // A row that has seen no visible key keeps max -inf; use 0 as its base so exp2 stays finite (and gives 0).
+      const float base = row_max[i] == -INFINITY ? 0.f : row_max[i] * scale_log2;
+      float tile_sum = 0.f;
+      CUTE_UNROLL
+      for (int j = 0; j < cute::size<1>(scores); ++j) {
+        scores(i, j) = exp2f(scores(i, j) * scale_log2 - base);
+        tile_sum += scores(i, j);
+      }
+      row_sum[i] = row_sum[i] * rescale[i] + tile_sum;
+    }
+    return moved;
+  }
+
   template <class AccO>
   CUTE_DEVICE static void rescale_o(AccO& acc_o, float const (&rescale)[kRows]) {
     CUTE_UNROLL
