@@ -106,7 +106,8 @@ TEST(TileTable, Sm90LongTilesWhereTheyWereMeasuredFaster) {
   EXPECT_TRUE(use_long_tiles(2048, 2048, 256, kNone, kNone, kSms, kM));   // +11% at 2k
   EXPECT_TRUE(use_long_tiles(16384, 16384, 32, kNone, kNone, kSms, kM));
   EXPECT_FALSE(use_long_tiles(2048, 1000, 256, kNone, kNone, kSms, kM));  // short keys
-  EXPECT_FALSE(use_long_tiles(4096, 4096, 128, kNone, 0, kSms, kM));      // causal: from 8k only
+  EXPECT_FALSE(use_long_tiles(2048, 2048, 256, kNone, 0, kSms, kM));      // causal: from 4k only
+  EXPECT_TRUE(use_long_tiles(4096, 4096, 128, kNone, 0, kSms, kM));
   EXPECT_TRUE(use_long_tiles(8192, 8192, 64, kNone, 0, kSms, kM));
   EXPECT_FALSE(use_long_tiles(16384, 16384, 64, 256, 0, kSms, kM));       // windows: never
   EXPECT_FALSE(use_long_tiles(16384, 16384, 64, kNone, 128, kSms, kM));

@@ -222,9 +222,10 @@ def test_both_sm90_tiles_match_the_reference(torch, monkeypatch, case, tiles):
 @pytest.mark.parametrize("kw,tiles", [
     (dict(b=1, h=32, sq=2048, sk=2048), "long"),  # no mask from 2k keys, 352 tiles of 192 rows
     (dict(b=1, h=32, sq=1024, sk=1024), "base"),  # equal at 1k: the first table
-    (dict(b=1, h=32, sq=4096, sk=4096, causal=True), "base"),  # causal: from 8k only
+    (dict(b=1, h=32, sq=2048, sk=2048, causal=True), "base"),  # causal: from 4k only
+    (dict(b=1, h=32, sq=4096, sk=4096, causal=True), "long"),
     (dict(b=1, h=2, hk=2, sq=2048, sk=2048), "base"),  # 22 tiles: too few for 132 SMs
-], ids=["full-2k", "full-1k", "causal-4k", "few-tiles"])
+], ids=["full-2k", "full-1k", "causal-2k", "causal-4k", "few-tiles"])
 def test_automatic_tile_choice(torch, monkeypatch, kw, tiles):
     if flashcute.kernel_head_dim(64) != 64 or "bfloat16" not in flashcute.compiled_dtypes():
         pytest.skip("bfloat16 head dim 64 is not compiled in this build")

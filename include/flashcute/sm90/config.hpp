@@ -130,7 +130,9 @@ constexpr bool has_long_fwd_config(int head_dim) { return head_dim > 0 && long_f
 // unset or "auto"). The same-machine A/B of perf-notes v35 (d 64, 192 x 128 against 128 x 128,
 // seqlen_q = seqlen_k): without a mask equal at 1k and +9-15% from 2k; causal -15% at 1k, -9% at
 // 2k, -3% at 4k and +2-4% from 8k, where the diagonal's masked blocks and the ragged last tile
-// weigh less. Windows were not measured and keep the first table. `units` counts the long
+// weigh less; after v53 (the softmax under the P V, which the 192-row tiles gained most from)
+// +3.5% at causal 4k (v54), so causal calls take them from 4k. Windows were not measured and keep
+// the first table. `units` counts the long
 // config's tiles (query tiles x heads x batch): each SM's persistent CTA should get two or more,
 // or the larger tiles only leave SMs idle.
 constexpr bool use_long_tiles(int64_t seqlen_q, int64_t seqlen_k, int64_t heads_batch, int window_left,
@@ -138,7 +140,7 @@ constexpr bool use_long_tiles(int64_t seqlen_q, int64_t seqlen_k, int64_t heads_
   const bool no_mask = window_left < 0 && window_right < 0;
   const bool causal = window_left < 0 && window_right == 0;
   if (!no_mask && !causal) return false;
-  const int64_t min_len = causal ? 8192 : 2048;
+  const int64_t min_len = causal ? 4096 : 2048;
   if (seqlen_q < min_len || seqlen_k < min_len || long_block_m <= 0) return false;
   const int64_t units = (seqlen_q + long_block_m - 1) / long_block_m * heads_batch;
   return sms <= 0 || units >= 2 * int64_t(sms);
