@@ -132,9 +132,8 @@ constexpr bool has_long_fwd_config(int head_dim) { return head_dim > 0 && long_f
 // 2k, -3% at 4k and +2-4% from 8k, where the diagonal's masked blocks and the ragged last tile
 // weigh less; after v53 (the softmax under the P V, which the 192-row tiles gained most from)
 // +3.5% at causal 4k (v54), so causal calls take them from 4k. Windows were not measured and keep
-// the first table. `units` counts the long
-// config's tiles (query tiles x heads x batch): each SM's persistent CTA should get two or more,
-// or the larger tiles only leave SMs idle.
+// the first table. `units` counts the long config's tiles (query tiles x heads x batch): each
+// SM's persistent CTA should get two or more, or the larger tiles only leave SMs idle.
 constexpr bool use_long_tiles(int64_t seqlen_q, int64_t seqlen_k, int64_t heads_batch, int window_left,
                               int window_right, int sms, int long_block_m) {
   const bool no_mask = window_left < 0 && window_right < 0;
