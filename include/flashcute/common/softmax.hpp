@@ -74,24 +74,17 @@ struct OnlineSoftmax {
     }
   }
 
-  // update() in two halves, for a kernel whose P V of the previous block is still in flight while
-  // it exponentiates the next scores (sm90): rescale_scores() turns scores into probabilities and
-  // says how much acc_o must shrink; rescale_o() applies that once the accumulator is settled.
-  template <class Scores>
-  CUTE_DEVICE void rescale_scores(Scores& scores, float (&rescale)[kRows]) {
-    static_assert(decltype(cute::size<0>(scores))::value == kRows);
-    CUTE_UNROLL
-    for (int i = 0; i < kRows; ++i) rescale[i] = rescale_row(scores, i);
-  }
-
   // How far a row's maximum may grow, in log2 units of the probabilities, before rescale_scores_lazy
   // moves it: probabilities stay at most 2^8, exact in bf16 and fp16 (P V accumulates in fp32).
   static constexpr float kMaxGrowthLog2 = 8.f;
 
-  // rescale_scores() with FlashAttention-4's lazy maximum: the running maximum only has to bound
-  // the exponentials, so a row keeps it until a block raises it by more than kMaxGrowthLog2 (the
-  // sum and O use the same one, so the result is the same). Returns whether any of this thread's
-  // rows moved (rescale[i] != 1): where no row of a warp did, O need not be touched.
+  // update() in two halves, for a kernel whose P V of the previous block is still in flight while
+  // it exponentiates the next scores (sm90): rescale_scores_lazy() turns scores into probabilities
+  // and says how much acc_o must shrink; rescale_o() applies that once the accumulator is settled.
+  // The maximum is FlashAttention-4's lazy one: it only has to bound the exponentials, so a row
+  // keeps it until a block raises it by more than kMaxGrowthLog2 (the sum and O use the same one,
+  // so the result is the same). Returns whether any of this thread's rows moved (rescale[i] != 1):
+  // where no row of a warp did, O need not be touched.
   template <class Scores>
   CUTE_DEVICE bool rescale_scores_lazy(Scores& scores, float (&rescale)[kRows]) {
     static_assert(decltype(cute::size<0>(scores))::value == kRows);

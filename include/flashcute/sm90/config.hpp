@@ -35,13 +35,6 @@ struct FwdConfig {
   // The consumer warpgroups take turns to issue their GEMMs (two named barriers), so that one's
   // softmax runs while the other's GEMMs hold the tensor cores (FlashAttention-3's ping-pong).
   bool pingpong = false;
-  // FlashAttention-4's lazy rescale (OnlineSoftmax::rescale_scores_lazy): a row's running maximum
-  // moves only when it grows by more than 2^8, and a warp multiplies O by the rows' rescale factors
-  // only where one of its rows moved (perf-notes v51). The branch on that also keeps the wait for
-  // the P V below the softmax, where ptxas otherwise hoists it above the whole softmax, so that the
-  // softmax runs under the warpgroup's own P V (v53: +2-9% from d 128 up). Off: the exact update
-  // after every block, with the wait where ptxas puts it.
-  bool lazy_rescale = false;
 
   constexpr int consumer_warpgroups() const { return block_m / 64; }
   // Columns of O one pass of the o_via_v epilogue stages: each consumer warpgroup writes its 64
@@ -96,18 +89,17 @@ constexpr const char* validate(FwdConfig cfg) {
 // The tile table. Two consumer warpgroups of 64 rows each; the longest key block whose K and V
 // double buffers fit beside Q, as FlashAttention-3 chose for these head dims (see perf-notes).
 // Up to d 128 a second Q buffer fits too, and puts each tile's epilogue under the next tile's
-// first Q K^T (perf-notes v29), and so does an O buffer for 16-byte stores (v34). Every kernel
-// takes the lazy rescale (v53).
+// first Q K^T (perf-notes v29), and so does an O buffer for 16-byte stores (v34).
 constexpr FwdConfig default_fwd_config(int head_dim) {
   switch (head_dim) {
     // Ping-pong at d 96 and 128, not at d 64 (same-machine A/B, perf-notes v26).
-    case 32: return {.head_dim = 32, .block_m = 128, .block_n = 128, .q_stages = 2, .o_smem = true, .lazy_rescale = true};
-    case 64: return {.head_dim = 64, .block_m = 128, .block_n = 128, .q_stages = 2, .o_smem = true, .lazy_rescale = true};
-    case 96: return {.head_dim = 96, .block_m = 128, .block_n = 128, .q_stages = 2, .o_smem = true, .pingpong = true, .lazy_rescale = true};
-    case 128: return {.head_dim = 128, .block_m = 128, .block_n = 128, .q_stages = 2, .o_smem = true, .pingpong = true, .lazy_rescale = true};
-    case 192: return {.head_dim = 192, .block_m = 128, .block_n = 96, .o_via_v = true, .lazy_rescale = true};
+    case 32: return {.head_dim = 32, .block_m = 128, .block_n = 128, .q_stages = 2, .o_smem = true};
+    case 64: return {.head_dim = 64, .block_m = 128, .block_n = 128, .q_stages = 2, .o_smem = true};
+    case 96: return {.head_dim = 96, .block_m = 128, .block_n = 128, .q_stages = 2, .o_smem = true, .pingpong = true};
+    case 128: return {.head_dim = 128, .block_m = 128, .block_n = 128, .q_stages = 2, .o_smem = true, .pingpong = true};
+    case 192: return {.head_dim = 192, .block_m = 128, .block_n = 96, .o_via_v = true};
     // 80 keys, not 64: the Q K^T wgmma reads fewer shared-memory bytes per flop (perf-notes v30).
-    case 256: return {.head_dim = 256, .block_m = 128, .block_n = 80, .o_via_v = true, .lazy_rescale = true};
+    case 256: return {.head_dim = 256, .block_m = 128, .block_n = 80, .o_via_v = true};
     default: return {.head_dim = 0, .block_m = 0, .block_n = 0};
   }
 }
@@ -120,7 +112,7 @@ constexpr FwdConfig default_fwd_config(int head_dim) {
 constexpr FwdConfig long_fwd_config(int head_dim) {
   switch (head_dim) {
     case 64:
-      return {.head_dim = 64, .block_m = 192, .block_n = 128, .q_stages = 2, .o_smem = true, .consumer_regs = 160, .lazy_rescale = true};
+      return {.head_dim = 64, .block_m = 192, .block_n = 128, .q_stages = 2, .o_smem = true, .consumer_regs = 160};
     default: return {.head_dim = 0, .block_m = 0, .block_n = 0};
   }
 }

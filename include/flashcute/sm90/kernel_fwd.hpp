@@ -294,8 +294,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
     if (!tile.valid) find_next(), u = next_u, j = next_j, tile = next;
   }
   // Softcap, mask and exponentiate the scores (acc_s) of block n_block of the tile at row tile_m0,
-  // and say how much O must shrink (rescale[]); with lazy_rescale, returns false where no row of
-  // this warp moved its maximum.
+  // and say how much O must shrink (rescale[]): FlashAttention-4's lazy rescale, a row's maximum
+  // moves only when it grows by more than 2^8 (perf-notes v51). Returns false where no row of this
+  // warp moved its maximum, so that O need not be touched.
   auto scores_to_probs = [&](int tile_m0, int n_block) FLASHCUTE_INLINE {
     const int n0 = n_block * kBlockN;
     if (use_softcap) {
@@ -303,12 +304,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
       for (int j = 0; j < size(acc_s); ++j) acc_s(j) = tanhf(acc_s(j) * softcap_prescale);
     }
     if (mask.tile_needs_mask(tile_m0, kBlockM, n0, kBlockN)) mask.apply(scores, tScS_rc, tile_m0, n0);
-    if constexpr (Traits::kConfig.lazy_rescale) {
-      return __any_sync(0xffffffff, softmax.rescale_scores_lazy(scores, rescale));
-    } else {
-      softmax.rescale_scores(scores, rescale);
-      return true;
-    }
+    return __any_sync(0xffffffff, softmax.rescale_scores_lazy(scores, rescale));
   };
 
   // Wait for the Q of load `q_round` (in buffer qs) and the K of block `step`.
@@ -486,23 +482,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
         // while this warpgroup still runs the last softmax and P V.
         if (n_block == tile.n_block_min) release(storage.q_empty[q_stage]);
         const bool shrink = scores_to_probs(m0, n_block);
-        if constexpr (Traits::kConfig.lazy_rescale) {
-          // The wait for P V on both sides of the branch: ptxas moves a wgmma wait to the top of
-          // its basic block, which would put it above the whole softmax (perf-notes v53).
-          if (shrink) {
-            warpgroup_wait<0>();  // P V is done: O may be rescaled, and P's registers rewritten
-            softmax.rescale_o(acc_o_rc, rescale);
-          } else {
-            warpgroup_wait<0>();
-          }
-          release(storage.v_empty[stage_of(step - 1)]);
-          convert_fragment_into(acc_s, rP);
-        } else {
+        // The wait for P V on both sides of the branch: ptxas moves a wgmma wait to the top of its
+        // basic block, which would put it above the whole softmax (perf-notes v53).
+        if (shrink) {
           warpgroup_wait<0>();  // P V is done: O may be rescaled, and P's registers rewritten
-          release(storage.v_empty[stage_of(step - 1)]);
           softmax.rescale_o(acc_o_rc, rescale);
-          convert_fragment_into(acc_s, rP);
+        } else {
+          warpgroup_wait<0>();
         }
+        release(storage.v_empty[stage_of(step - 1)]);
+        convert_fragment_into(acc_s, rP);
       }
       if (tile.n_block_max - tile.n_block_min == 1) release(storage.q_empty[q_stage]);  // (no loop step ran)
       TxBarrier::wait(&storage.v_full[stage_of(step - 1)], phase_of(step - 1));
