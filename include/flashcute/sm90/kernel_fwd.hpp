@@ -119,12 +119,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
   const KeyMask mask{params.seqlen_k, params.seqlen_k - params.seqlen_q, params.window_left, params.window_right};
   auto tile_at = [&](unsigned u, unsigned j) FLASHCUTE_INLINE {
     const TileSchedule::Tile w =
-        walk.in_tail(u) ? walk.tail_at(u, blockIdx.x) : TileSchedule::unit_tile(walk.unit_at(u), j, m_blocks, unit_m);
+        walk.in_tail(u) ? walk.tail_at(u, blockIdx.x)
+                        : TileSchedule::unit_tile(walk.unit_at(u), j, m_blocks, unit_m, walk.div_unit_m);
     Tile tile;
     tile.valid = w.valid;
     tile.m_block = w.m_block;
-    tile.head = int(w.hb % unsigned(params.nheads));
-    tile.batch = int(w.hb / unsigned(params.nheads));
+    const unsigned batch = kp.div_heads(w.hb);
+    tile.head = int(w.hb - batch * unsigned(params.nheads));
+    tile.batch = int(batch);
     // The key blocks any row of the tile can see: [n_block_min, n_block_max); none: O = 0, lse = -inf.
     const KeyMask::Blocks blocks = mask.key_blocks(tile.m_block * kBlockM, kBlockM, params.seqlen_q, kBlockN);
     tile.n_block_min = blocks.first;
@@ -273,8 +275,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
   int q_stage = 0;          // the Q buffer of the tile being computed
   bool first_done = false;  // its first block's probabilities are in rP already
   OnlineSoftmax<kRows> softmax(scale_log2);
-  // Each tile is decoded once (integer divisions), after the tile before it has run its main
-  // loop, where the next tile's first S needs it.
+  // Each tile is decoded once (multiply-highs: FastDiv), after the tile before it has run its
+  // main loop and issued its last P V, where the next tile's first S needs it.
   unsigned u = blockIdx.x, j = 0;
   Tile tile;
   unsigned next_u, next_j;
@@ -495,6 +497,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
       }
       if (tile.n_block_max - tile.n_block_min == 1) release(storage.q_empty[q_stage]);  // (no loop step ran)
       TxBarrier::wait(&storage.v_full[stage_of(step - 1)], phase_of(step - 1));
+      // The last P V goes first: it needs nothing of the next tile, so the tensor cores run it
+      // while the next tile is decoded (perf-notes v60).
+      my_turn();
+      issue_pv();
       // With two Q buffers, the next tile's first S goes behind the last P V. (With one, its Q
       // load starts only now, after the last Q K^T, and waiting for it costs more than the
       // epilogue it would hide: perf-notes v37.)
@@ -502,11 +508,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
       bool early = false;
       if constexpr (kQStages == 2) early = next_u < work_end && next.n_block_max > next.n_block_min;
       if (early) {
-        // Its Q is in the other buffer; the last P V goes first, since only the next S needs the
-        // next tile's Q and K, and acc_s is free once P is converted.
+        // Its Q is in the other buffer; only the next S needs the next tile's Q and K, and acc_s
+        // is free once P is converted.
         const int next_q_stage = q_round % kQStages;
-        my_turn();
-        issue_pv();
         wait_q_k(next_q_stage);
         issue_s(tSrQ(_, _, _, next_q_stage));
         pass_turn();
@@ -520,7 +524,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
         q_stage = next_q_stage;
         first_done = true;
       } else {
-        issue_pv();
+        pass_turn();
         warpgroup_wait<0>();
         if constexpr (Traits::kConfig.o_via_v) {
           epilogue(stage_of(step - 1));  // O staged in the last block's V buffer, which it then frees

@@ -30,7 +30,7 @@
 namespace flashcute::sm90 {
 
 // n / d for n < 2^31 as a multiply-high and a shift, with the multiplier worked out on the host
-// (Granlund and Montgomery): the tail's decode divides by runtime counts, and a 32-bit division is
+// (Granlund and Montgomery): every tile's decode divides by runtime counts, and a 32-bit division is
 // a subroutine of some twenty instructions and registers the consumers do not have to spare.
 struct FastDiv {
   unsigned mul = 0, shift = 0;
@@ -68,6 +68,7 @@ struct TileSchedule {
   // m_blocks - 1 - p0]) and all units of the tail_full (F) pairs after it.
   unsigned tail_b0 = 0, tail_p0 = 0, tail_full = 0;
   FastDiv div_ctas, div_full, div_full1;  // by ctas, F and F + 1
+  FastDiv div_unit_m;                     // by unit_m (unit_tile's decode)
 
   struct Tile {
     bool valid;
@@ -80,7 +81,7 @@ struct TileSchedule {
     if (in_tail(u) || ++j == (pair_tiles ? 2u : 1u)) j = 0, u += ctas;
   }
   CUTE_HOST_DEVICE Tile at(unsigned u, unsigned j, unsigned cta) const {
-    return in_tail(u) ? tail_at(u, cta) : unit_tile(unit_at(u), j, m_blocks, unit_m);
+    return in_tail(u) ? tail_at(u, cta) : unit_tile(unit_at(u), j, m_blocks, unit_m, div_unit_m);
   }
 
   // The unit at position u before the tail. With a tail, round i's units go to the CTAs rotated
@@ -98,9 +99,12 @@ struct TileSchedule {
   // Tile j of unit u. Static, with the counts as arguments: the kernel passes its own copies,
   // computed from the problem's shape (reading them from the parameters here instead made ptxas
   // spill at d 256, whose consumers have no register to spare).
-  CUTE_HOST_DEVICE static Tile unit_tile(unsigned u, unsigned j, unsigned m_blocks, unsigned unit_m) {
+  // div_unit_m divides by unit_m: a multiply-high where a division is a chain of some twenty
+  // dependent instructions, which the consumers run at every tile boundary (perf-notes v60).
+  CUTE_HOST_DEVICE static Tile unit_tile(unsigned u, unsigned j, unsigned m_blocks, unsigned unit_m,
+                                         FastDiv div_unit_m) {
     Tile tile;
-    const unsigned hb = u / unit_m;
+    const unsigned hb = div_unit_m(u);
     const unsigned p = u - hb * unit_m;
     const unsigned last = m_blocks - 1 - p;
     tile.hb = hb;
@@ -148,6 +152,7 @@ inline TileSchedule make_tile_schedule(bool pair_tiles, unsigned m_blocks, unsig
   s.tail_begin = s.num_units;
   s.end = s.num_units;
   s.div_ctas = FastDiv(ctas > 0 ? ctas : 1);
+  s.div_unit_m = FastDiv(s.unit_m > 0 ? s.unit_m : 1);
   return s;
 }
 
