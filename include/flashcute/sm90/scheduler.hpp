@@ -98,9 +98,10 @@ struct TileSchedule {
 
   // Tile j of unit u. Static, with the counts as arguments: the kernel passes its own copies,
   // computed from the problem's shape (reading them from the parameters here instead made ptxas
-  // spill at d 256, whose consumers have no register to spare).
-  // div_unit_m divides by unit_m: a multiply-high where a division is a chain of some twenty
-  // dependent instructions, which the consumers run at every tile boundary (perf-notes v60).
+  // spill at d 256, whose consumers have no register to spare). div_unit_m divides by unit_m: a
+  // multiply-high where a division is a chain of some twenty dependent instructions, which the
+  // consumers run at every tile boundary; read from the parameters, it costs d 256 one more
+  // spilled value, reloaded at tile boundaries only (perf-notes v60).
   CUTE_HOST_DEVICE static Tile unit_tile(unsigned u, unsigned j, unsigned m_blocks, unsigned unit_m,
                                          FastDiv div_unit_m) {
     Tile tile;
