@@ -39,24 +39,38 @@ struct OnlineSoftmax {
     }
   }
 
-  // Row i of scores (a ((2,MMA_M),(2,MMA_N)) row/col view) into unnormalised probabilities
-  // against the row's new running max; returns how much the row of O must shrink.
+  // The maximum of row i over the running one and this block's scores (a ((2,MMA_M),(2,MMA_N))
+  // row/col view), across the row's four threads.
   template <class Scores>
-  CUTE_DEVICE float rescale_row(Scores& scores, int i) {
+  CUTE_DEVICE float block_row_max(Scores const& scores, int i) const {
     float tile_max = row_max[i];
     CUTE_UNROLL
     for (int j = 0; j < cute::size<1>(scores); ++j) tile_max = fmaxf(tile_max, scores(i, j));
-    const float new_max = quad_allreduce(tile_max, MaxOp{});
-    // A row that has seen no visible key keeps max -inf; use 0 as its base so exp2 stays finite (and gives 0).
-    const float base = new_max == -INFINITY ? 0.f : new_max * scale_log2;
-    const float rescale = exp2f(row_max[i] * scale_log2 - base);
-    row_max[i] = new_max;
+    return quad_allreduce(tile_max, MaxOp{});
+  }
+
+  // Row i of scores into exp2(score * scale_log2 - base); returns this thread's sum of them.
+  template <class Scores>
+  CUTE_DEVICE float exp_row(Scores& scores, int i, float base) const {
     float tile_sum = 0.f;
     CUTE_UNROLL
     for (int j = 0; j < cute::size<1>(scores); ++j) {
       scores(i, j) = exp2f(scores(i, j) * scale_log2 - base);
       tile_sum += scores(i, j);
     }
+    return tile_sum;
+  }
+
+  // Row i of scores into unnormalised probabilities against the row's new running max; returns
+  // how much the row of O must shrink.
+  template <class Scores>
+  CUTE_DEVICE float rescale_row(Scores& scores, int i) {
+    const float new_max = block_row_max(scores, i);
+    // A row that has seen no visible key keeps max -inf; use 0 as its base so exp2 stays finite (and gives 0).
+    const float base = new_max == -INFINITY ? 0.f : new_max * scale_log2;
+    const float rescale = exp2f(row_max[i] * scale_log2 - base);
+    row_max[i] = new_max;
+    const float tile_sum = exp_row(scores, i, base);
     row_sum[i] = row_sum[i] * rescale + tile_sum;
     return rescale;
   }
@@ -91,10 +105,7 @@ struct OnlineSoftmax {
     bool moved = false;
     CUTE_UNROLL
     for (int i = 0; i < kRows; ++i) {
-      float tile_max = row_max[i];
-      CUTE_UNROLL
-      for (int j = 0; j < cute::size<1>(scores); ++j) tile_max = fmaxf(tile_max, scores(i, j));
-      const float new_max = quad_allreduce(tile_max, MaxOp{});
+      const float new_max = block_row_max(scores, i);
       // +inf at the row's first visible key; NaN (not taken) while it has seen none.
       const float growth = (new_max - row_max[i]) * scale_log2;
       const bool grows = growth > kMaxGrowthLog2;
@@ -105,13 +116,7 @@ struct OnlineSoftmax {
       row_max[i] = grows ? new_max : row_max[i];
       // A row that has seen no visible key keeps max -inf; use 0 as its base so exp2 stays finite (and gives 0).
       const float base = row_max[i] == -INFINITY ? 0.f : row_max[i] * scale_log2;
-      float tile_sum = 0.f;
-      CUTE_UNROLL
-      for (int j = 0; j < cute::size<1>(scores); ++j) {
-        scores(i, j) = exp2f(scores(i, j) * scale_log2 - base);
-        tile_sum += scores(i, j);
-      }
-      row_sum[i] = row_sum[i] * rescale[i] + tile_sum;
+      row_sum[i] = row_sum[i] * rescale[i] + exp_row(scores, i, base);
     }
     return moved;
   }
