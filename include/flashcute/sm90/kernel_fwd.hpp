@@ -322,10 +322,48 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
   auto issue_pv = [&]() FLASHCUTE_INLINE {
     wgmma_gemm<false, true>(mma_pv, tOrP, tOrV(_, _, _, stage_of(step - 1)), acc_o);
   };
+  // The left half of the S accumulator and of its coordinates (the same registers), for a block
+  // whose right half no row of this warpgroup sees: the causal diagonal block of the first
+  // warpgroup, at 128-key blocks (perf-notes v61).
+  constexpr bool kHalfFirst = kBlockN == 128;
+  using TileSHalf = Shape<Int<kBlockM>, Int<kBlockN / 2>>;
+  typename Traits::TiledMmaQKHalf mma_qk_half;
+  auto thr_qk_half = mma_qk_half.get_thread_slice(mma_tid);
+  // acc_s's first half, ((2,2,N/16),MMA_M,MMA_N), fp32, and its row/col view ((2,MMA_M),(2,N/16,MMA_N))
+  Tensor acc_s_half = make_tensor(acc_s.data(), partition_fragment_C(mma_qk_half, TileSHalf{}).layout());
+  Tensor scores_half = make_tensor(acc_s.data(), gmma_rowcol_layout(acc_s_half.layout()));
+  // Their coordinates: ((2,2,N/16),MMA_M,MMA_N) -> (row,col), and the row/col view of them
+  Tensor tScS_half = thr_qk_half.partition_C(make_identity_tensor(TileSHalf{}));
+  Tensor tScS_half_rc = make_tensor(tScS_half.data(), gmma_rowcol_layout(tScS_half.layout()));
+  CUTE_STATIC_ASSERT_V(size(acc_s_half) * _2{} == size(acc_s));
+  // Whether no row of this warpgroup in the tile at tile_m0 sees a key of block n_block's right half.
+  auto right_half_unseen = [&](int tile_m0, int n_block) FLASHCUTE_INLINE {
+    const int last_row = min(tile_m0 + 64 * wg + 63, params.seqlen_q - 1);
+    return mask.key_end(last_row) <= n_block * kBlockN + kBlockN / 2;
+  };
   // A tile's first block, once its S has completed: the K stage is free, the probabilities go to
-  // rP (O is still zero: nothing to rescale), and the block is counted.
+  // rP (O is still zero: nothing to rescale), and the block is counted. Where this warpgroup sees
+  // none of the block's right half, only the left half is masked and exponentiated, and P's right
+  // half is zero (P V still runs over the whole block).
   auto first_probs = [&](int tile_m0, int n_block) FLASHCUTE_INLINE {
     release(storage.k_empty[stage_of(step)]);
+    if constexpr (kHalfFirst) {
+      if (right_half_unseen(tile_m0, n_block)) {
+        if (use_softcap) {
+          CUTE_UNROLL
+          for (int j = 0; j < size(acc_s_half); ++j) acc_s_half(j) = tanhf(acc_s_half(j) * softcap_prescale);
+        }
+        mask.apply(scores_half, tScS_half_rc, tile_m0, n_block * kBlockN);
+        softmax.rescale_scores_lazy(scores_half, rescale);
+        constexpr int kHalf = decltype(size(acc_s_half))::value;
+        Tensor rP_half = make_tensor(rP.data(), make_layout(Int<kHalf>{}));
+        convert_fragment_into(make_tensor(acc_s.data(), make_layout(Int<kHalf>{})), rP_half);
+        CUTE_UNROLL
+        for (int j = kHalf; j < size(rP); ++j) rP(j) = Element(0.f);
+        ++step;
+        return;
+      }
+    }
     scores_to_probs(tile_m0, n_block);
     convert_fragment_into(acc_s, rP);
     ++step;

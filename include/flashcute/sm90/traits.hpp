@@ -65,6 +65,11 @@ struct FwdTraits {
   // S = Q K^T: (BLK_M,BLK_N) over K = D; both operands K-major in shared memory.
   using TiledMmaQK = decltype(cute::make_tiled_mma(
       cute::GMMA::ss_op_selector<Element, Element, float, cute::Shape<BlkM, BlkN, HeadDim>>(), AtomLayout{}));
+  // The left half of S, (BLK_M,BLK_N/2): only its layouts are used, to view the first half of an S
+  // accumulator (the same registers: the accumulator's 8-column groups run left to right).
+  using TiledMmaQKHalf = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<Element, Element, float, cute::Shape<BlkM, cute::Int<kBlockN / 2>, HeadDim>>(),
+      AtomLayout{}));
   // O += P V: (BLK_M,D) over K = BLK_N; P from registers, V MN-major (d contiguous, as stored).
   using TiledMmaPV = decltype(cute::make_tiled_mma(
       cute::GMMA::rs_op_selector<Element, Element, float, cute::Shape<BlkM, HeadDim, BlkN>, cute::GMMA::Major::K,
