@@ -299,15 +299,18 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
   // and say how much O must shrink (rescale[]): FlashAttention-4's lazy rescale, a row's maximum
   // moves only when it grows by more than 2^8 (perf-notes v51). Returns false where no row of this
   // warp moved its maximum, so that O need not be touched.
-  auto scores_to_probs = [&](int tile_m0, int n_block) FLASHCUTE_INLINE {
+  // mask_block(tile_m0, n0) masks the scores where the tile needs a mask at all (mask_whole: all of
+  // them).
+  auto scores_to_probs = [&](int tile_m0, int n_block, auto const& mask_block) FLASHCUTE_INLINE {
     const int n0 = n_block * kBlockN;
     if (use_softcap) {
       CUTE_UNROLL
       for (int j = 0; j < size(acc_s); ++j) acc_s(j) = tanhf(acc_s(j) * softcap_prescale);
     }
-    if (mask.tile_needs_mask(tile_m0, kBlockM, n0, kBlockN)) mask.apply(scores, tScS_rc, tile_m0, n0);
+    if (mask.tile_needs_mask(tile_m0, kBlockM, n0, kBlockN)) mask_block(tile_m0, n0);
     return __any_sync(0xffffffff, softmax.rescale_scores_lazy(scores, rescale));
   };
+  auto mask_whole = [&](int tile_m0, int n0) FLASHCUTE_INLINE { mask.apply(scores, tScS_rc, tile_m0, n0); };
 
   // Wait for the Q of load `q_round` (in buffer qs) and the K of block `step`.
   auto wait_q_k = [&](int qs) FLASHCUTE_INLINE {
@@ -341,6 +344,18 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
     const int last_row = min(tile_m0 + 64 * wg + 63, params.seqlen_q - 1);
     return mask.key_end(last_row) <= n_block * kBlockN + kBlockN / 2;
   };
+  // The mask of a tile's first block: where this warpgroup sees all of the block's left half (the
+  // causal diagonal, second warpgroup), only the right half is masked (perf-notes v62).
+  auto mask_first = [&](int tile_m0, int n0) FLASHCUTE_INLINE {
+    const int row0 = tile_m0 + 64 * wg;
+    if (!mask.tile_needs_mask(row0, 64, n0, kBlockN / 2)) {
+      constexpr int kHalf = decltype(size(acc_s_half))::value;
+      Tensor scores_right = make_tensor(acc_s.data() + kHalf, scores_half.layout());  // ((2,MMA_M),(2,N/16,MMA_N))
+      mask.apply(scores_right, tScS_half_rc, tile_m0, n0 + kBlockN / 2);
+    } else {
+      mask.apply(scores, tScS_rc, tile_m0, n0);
+    }
+  };
   // A tile's first block, once its S has completed: the K stage is free, the probabilities go to
   // rP (O is still zero: nothing to rescale), and the block is counted. Where this warpgroup sees
   // none of the block's right half, only the left half is masked and exponentiated, and P's right
@@ -364,7 +379,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
         return;
       }
     }
-    scores_to_probs(tile_m0, n_block);
+    if constexpr (kHalfFirst) scores_to_probs(tile_m0, n_block, mask_first);
+    else scores_to_probs(tile_m0, n_block, mask_whole);
     convert_fragment_into(acc_s, rP);
     ++step;
   };
@@ -521,7 +537,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
         // The tile's last Q K^T is done: the producer may load a later tile's Q into this buffer
         // while this warpgroup still runs the last softmax and P V.
         if (n_block == tile.n_block_min) release(storage.q_empty[q_stage]);
-        const bool shrink = scores_to_probs(m0, n_block);
+        const bool shrink = scores_to_probs(m0, n_block, mask_whole);
         // The wait for P V on both sides of the branch: ptxas moves a wgmma wait to the top of its
         // basic block, which would put it above the whole softmax (perf-notes v53).
         if (shrink) {
