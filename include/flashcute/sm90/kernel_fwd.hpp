@@ -339,10 +339,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
   Tensor tScS_half = thr_qk_half.partition_C(make_identity_tensor(TileSHalf{}));
   Tensor tScS_half_rc = make_tensor(tScS_half.data(), gmma_rowcol_layout(tScS_half.layout()));
   CUTE_STATIC_ASSERT_V(size(acc_s_half) * _2{} == size(acc_s));
+  // One past the last key any row of this warpgroup sees, in the tile at tile_m0.
+  auto wg_key_end = [&](int tile_m0) FLASHCUTE_INLINE {
+    return mask.key_end(min(tile_m0 + 64 * wg + 63, params.seqlen_q - 1));
+  };
   // Whether no row of this warpgroup in the tile at tile_m0 sees a key of block n_block's right half.
   auto right_half_unseen = [&](int tile_m0, int n_block) FLASHCUTE_INLINE {
-    const int last_row = min(tile_m0 + 64 * wg + 63, params.seqlen_q - 1);
-    return mask.key_end(last_row) <= n_block * kBlockN + kBlockN / 2;
+    return wg_key_end(tile_m0) <= n_block * kBlockN + kBlockN / 2;
   };
   // The mask of a tile's first block: where this warpgroup sees all of the block's left half (the
   // causal diagonal, second warpgroup), only the right half is masked (perf-notes v62).
@@ -509,9 +512,27 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
       }
     };
 
+    int n_top = tile.n_block_max - 1;  // the first (last, possibly ragged) block this warpgroup computes
     if (tile.n_block_max > tile.n_block_min) {
-      // The first (last, possibly ragged) block: S, then its probabilities; O is still zero.
+      // The first block: S, then its probabilities; O is still zero.
       if (!first_done) {
+        // A first block that no row of this warpgroup sees (the causal diagonal's last block for
+        // the first warpgroup, where 64 rows are not a whole number of key blocks: d 192 and 256,
+        // whose tiles all start here, with one Q buffer) goes back to the producer unread
+        // (perf-notes v63). Its K and V must have arrived first:
+        // released earlier, this warpgroup's arrivals would count toward the other warpgroup's
+        // release of the stage's previous block. With ping-pong it still takes and passes the turn
+        // of the GEMMs it does not issue: the warpgroups take turns strictly, so both must take
+        // as many.
+        if (kQStages == 1 && n_top > tile.n_block_min && wg_key_end(m0) <= n_top * kBlockN) {
+          TxBarrier::wait(&storage.k_full[stage_of(step)], phase_of(step));
+          TxBarrier::wait(&storage.v_full[stage_of(step)], phase_of(step));
+          release(storage.k_empty[stage_of(step)]);
+          release(storage.v_empty[stage_of(step)]);
+          my_turn();
+          pass_turn();
+          ++step, --n_top;
+        }
         q_stage = q_round % kQStages;
         wait_q_k(q_stage);
         my_turn();
@@ -519,13 +540,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
         pass_turn();
         ++q_round;
         warpgroup_wait<0>();
-        first_probs(m0, tile.n_block_max - 1);
+        first_probs(m0, n_top);
       }
       Tensor tSrQ_tile = tSrQ(_, _, _, q_stage);  // (MMA,MMA_M,MMA_K)
 
       // At each step, S of block n_block and O += P V of the block before it, both in flight at
       // once; the softmax of S runs while P V still computes.
-      for (int n_block = tile.n_block_max - 2; n_block >= tile.n_block_min; --n_block, ++step) {
+      for (int n_block = n_top - 1; n_block >= tile.n_block_min; --n_block, ++step) {
         TxBarrier::wait(&storage.k_full[stage_of(step)], phase_of(step));
         TxBarrier::wait(&storage.v_full[stage_of(step - 1)], phase_of(step - 1));
         my_turn();
@@ -549,7 +570,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
         release(storage.v_empty[stage_of(step - 1)]);
         convert_fragment_into(acc_s, rP);
       }
-      if (tile.n_block_max - tile.n_block_min == 1) release(storage.q_empty[q_stage]);  // (no loop step ran)
+      if (n_top == tile.n_block_min) release(storage.q_empty[q_stage]);  // (no loop step ran)
       TxBarrier::wait(&storage.v_full[stage_of(step - 1)], phase_of(step - 1));
       // The last P V goes first: it needs nothing of the next tile, so the tensor cores run it
       // while the next tile is decoded (perf-notes v60).
