@@ -17,8 +17,9 @@
 # Environment: DIMS (A's head dims, default 64,128,256), DTYPES (default bf16), BENCH_ARGS (more
 # bench arguments, e.g. "--seqlens 1024,8192"), PYTEST (pytest targets run on A, e.g.
 # tests/python/test_forward_path.py), NCU=1 (ncu --set full on A over scripts/ncu_fwd.py; NCU_SHAPES
-# picks its shapes, e.g. 64:causal:1024), BENCH_TIMEOUT (seconds one bench run may take, default
-# 240: a variant that hangs loses its own runs only).
+# picks its shapes, e.g. 64:causal:1024), PYTEST_TIMEOUT (seconds one test may take, default 120),
+# BENCH_TIMEOUT (seconds one bench run may take, default 240: a variant that hangs loses its own
+# runs only).
 # Everything lands in $OUT/results.tgz (the device returns at most 8 files).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
@@ -69,7 +70,10 @@ bench() {  # bench REP
       --impls flashcute,sdpa-cudnn --no-plot --out-dir "$WORK/bench_${name}_$1" 2>&1 | grep "d=\|rror\|runs on\|matmul"
   done
 }
-[[ -n "${PYTEST:-}" ]] && PYTHONPATH="$WORK/pkg_A" python3 -m pytest $PYTEST -q -rs 2>&1 | tail -25
+# Each test gets PYTEST_TIMEOUT seconds (pytest-timeout, which the device has): a variant whose
+# kernel hangs then fails one test instead of taking the whole call (perf-notes v63).
+[[ -n "${PYTEST:-}" ]] && PYTHONPATH="$WORK/pkg_A" python3 -m pytest --timeout="${PYTEST_TIMEOUT:-120}" \
+  --timeout-method=thread $PYTEST -q -rs 2>&1 | tail -25
 bench 1
 if [[ -n "${NCU:-}" ]]; then
   PYTHONPATH="$WORK/pkg_A" timeout 300 ncu --clock-control none --set full --nvtx --nvtx-include "prof/" \

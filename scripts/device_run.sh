@@ -30,6 +30,10 @@
 #   FC_SANITIZE_ARGS   sanitize.py's arguments (default "--backward --kvcache"; "" for the forward only)
 #   FC_SKIP_INSTALL=1  reuse what a previous call on this (still warm) machine installed
 #
+# A device call may run 600 s, and the install (every kernel) takes 220-260 s, ctest 135-155 s,
+# pytest 90-125 s and pytest80 40-70 s: run `ctest` in one call, then `pytest pytest80` and then
+# `sanitize bench` with FC_SKIP_INSTALL=1 on the same warm machine.
+#
 # The machine has no network: carry third_party/cutlass with the checkout (it is git-ignored), and
 # GoogleTest for the C++ tests, unpacked from Debian's libgtest-dev into .deps/gtest (git-ignored):
 #   mkdir -p .deps && cd .deps && apt-get download libgtest-dev && dpkg -x libgtest-dev_*.deb gtest
