@@ -362,7 +362,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
   // A tile's first block, once its S has completed: the K stage is free, the probabilities go to
   // rP (O is still zero: nothing to rescale), and the block is counted. Where this warpgroup sees
   // none of the block's right half, only the left half is masked and exponentiated, and P's right
-  // half is zero (P V still runs over the whole block).
+  // half is zero (P V still runs over the whole block); otherwise mask_first masks it.
   auto first_probs = [&](int tile_m0, int n_block) FLASHCUTE_INLINE {
     release(storage.k_empty[stage_of(step)]);
     if constexpr (kHalfFirst) {
@@ -519,11 +519,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
         // A first block that no row of this warpgroup sees (the causal diagonal's last block for
         // the first warpgroup, where 64 rows are not a whole number of key blocks: d 192 and 256,
         // whose tiles all start here, with one Q buffer) goes back to the producer unread
-        // (perf-notes v63). Its K and V must have arrived first:
-        // released earlier, this warpgroup's arrivals would count toward the other warpgroup's
-        // release of the stage's previous block. With ping-pong it still takes and passes the turn
-        // of the GEMMs it does not issue: the warpgroups take turns strictly, so both must take
-        // as many.
+        // (perf-notes v63). Its K and V must have arrived first: released earlier, this
+        // warpgroup's arrivals would count toward the other warpgroup's release of the stage's
+        // previous block. With ping-pong it still takes and passes the turn of the GEMMs it does
+        // not issue: the warpgroups take turns strictly, so both must take as many.
         if (kQStages == 1 && n_top > tile.n_block_min && wg_key_end(m0) <= n_top * kBlockN) {
           TxBarrier::wait(&storage.k_full[stage_of(step)], phase_of(step));
           TxBarrier::wait(&storage.v_full[stage_of(step)], phase_of(step));
