@@ -29,53 +29,14 @@
 #include "flashcute/common/params.hpp"
 #include "flashcute/common/softmax.hpp"
 #include "flashcute/common/store.hpp"
+#include "flashcute/sm90/epilogue_fwd.hpp"
+#include "flashcute/sm90/gmma.hpp"
 #include "flashcute/sm90/scheduler.hpp"
 #include "flashcute/sm90/traits.hpp"
 
 #define FLASHCUTE_INLINE __attribute__((always_inline))
 
 namespace flashcute::sm90 {
-
-// A wgmma accumulator ((2,2,N/8),MMA_M,MMA_N) as (row, col): ((2,MMA_M),(2,N/8,MMA_N)). Per
-// warp it is the m16n8 accumulator repeated along N: value 0/1 are adjacent columns, value +2
-// is row + 8, the third mode steps 8 columns.
-template <class Layout>
-CUTE_HOST_DEVICE constexpr auto gmma_rowcol_layout(Layout const& acc) {
-  using namespace cute;
-  static_assert(decltype(rank<0>(acc))::value == 3);
-  return make_layout(make_layout(get<0, 1>(acc), get<1>(acc)),
-                     make_layout(get<0, 0>(acc), get<0, 2>(acc), get<2>(acc)));
-}
-
-// The same accumulator as the register A operand of the next wgmma (K = its N):
-// ((2,2,2),MMA_M,(N/16,MMA_N)). Two neighbouring 8-column groups form one k16 slice, in the order
-// the RS wgmma expects (column pair, row + 8, k + 8): a view, no data moves.
-template <class Layout>
-CUTE_HOST_DEVICE constexpr auto gmma_acc_to_a_layout(Layout const& acc) {
-  using namespace cute;
-  auto split = logical_divide(acc, Shape<Shape<_1, _1, _2>, _1, _1>{});  // ((2,2,(2,N/16)),MMA_M,MMA_N)
-  return make_layout(make_layout(get<0, 0>(split), get<0, 1>(split), get<0, 2, 0>(split)), get<1>(split),
-                     make_layout(get<0, 2, 1>(split), get<2>(split)));
-}
-
-// Issues C (+)= A B over every k slice as one wgmma batch (not waited for). kZeroInit: the first
-// slice overwrites C; kARegs: A is a register fragment (RS), not shared-memory descriptors (SS).
-template <bool kZeroInit, bool kARegs, class TiledMma, class TA, class TB, class TC>
-CUTE_DEVICE void wgmma_gemm(TiledMma& tiled_mma, TA const& tCrA, TB const& tCrB, TC& tCrC) {
-  using namespace cute;
-  if constexpr (kARegs) warpgroup_fence_operand(const_cast<TA&>(tCrA));
-  warpgroup_fence_operand(tCrC);
-  warpgroup_arrive();  // the accumulator's (and P's) register writes are visible to wgmma
-  if constexpr (kZeroInit) tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
-  CUTE_UNROLL
-  for (int k = 0; k < size<2>(tCrA); ++k) {
-    cute::gemm(tiled_mma, tCrA(_, _, k), tCrB(_, _, k), tCrC);
-    tiled_mma.accumulate_ = GMMA::ScaleOut::One;
-  }
-  warpgroup_commit_batch();
-  warpgroup_fence_operand(tCrC);
-  if constexpr (kARegs) warpgroup_fence_operand(const_cast<TA&>(tCrA));
-}
 
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_constant__ const FwdKernelParams<Traits> kp) {
@@ -295,6 +256,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
     tile = tile_at(u, j);
     if (!tile.valid) find_next(), u = next_u, j = next_j, tile = next;
   }
+  // Softcap an S accumulator, or the part of one that acc views (a no-op without a softcap).
+  auto apply_softcap = [&](auto& acc) FLASHCUTE_INLINE {
+    if (use_softcap) {
+      CUTE_UNROLL
+      for (int j = 0; j < size(acc); ++j) acc(j) = tanhf(acc(j) * softcap_prescale);
+    }
+  };
   // Softcap, mask and exponentiate the scores (acc_s) of block n_block of the tile at row tile_m0,
   // and say how much O must shrink (rescale[]): FlashAttention-4's lazy rescale, a row's maximum
   // moves only when it grows by more than 2^8 (perf-notes v51). Returns false where no row of this
@@ -303,10 +271,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
   // them).
   auto scores_to_probs = [&](int tile_m0, int n_block, auto const& mask_block) FLASHCUTE_INLINE {
     const int n0 = n_block * kBlockN;
-    if (use_softcap) {
-      CUTE_UNROLL
-      for (int j = 0; j < size(acc_s); ++j) acc_s(j) = tanhf(acc_s(j) * softcap_prescale);
-    }
+    apply_softcap(acc_s);
     if (mask.tile_needs_mask(tile_m0, kBlockM, n0, kBlockN)) mask_block(tile_m0, n0);
     return __any_sync(0xffffffff, softmax.rescale_scores_lazy(scores, rescale));
   };
@@ -338,7 +303,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
   // Their coordinates: ((2,2,N/16),MMA_M,MMA_N) -> (row,col), and the row/col view of them
   Tensor tScS_half = thr_qk_half.partition_C(make_identity_tensor(TileSHalf{}));
   Tensor tScS_half_rc = make_tensor(tScS_half.data(), gmma_rowcol_layout(tScS_half.layout()));
-  CUTE_STATIC_ASSERT_V(size(acc_s_half) * _2{} == size(acc_s));
+  constexpr int kHalf = decltype(size(acc_s_half))::value;  // acc_s's registers of each half
+  CUTE_STATIC_ASSERT_V(Int<kHalf * 2>{} == size(acc_s));
   // One past the last key any row of this warpgroup sees, in the tile at tile_m0.
   auto wg_key_end = [&](int tile_m0) FLASHCUTE_INLINE {
     return mask.key_end(min(tile_m0 + 64 * wg + 63, params.seqlen_q - 1));
@@ -352,7 +318,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
   auto mask_first = [&](int tile_m0, int n0) FLASHCUTE_INLINE {
     const int row0 = tile_m0 + 64 * wg;
     if (!mask.tile_needs_mask(row0, 64, n0, kBlockN / 2)) {
-      constexpr int kHalf = decltype(size(acc_s_half))::value;
       Tensor scores_right = make_tensor(acc_s.data() + kHalf, scores_half.layout());  // ((2,MMA_M),(2,N/16,MMA_N))
       mask.apply(scores_right, tScS_half_rc, tile_m0, n0 + kBlockN / 2);
     } else {
@@ -367,24 +332,21 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
     release(storage.k_empty[stage_of(step)]);
     if constexpr (kHalfFirst) {
       if (right_half_unseen(tile_m0, n_block)) {
-        if (use_softcap) {
-          CUTE_UNROLL
-          for (int j = 0; j < size(acc_s_half); ++j) acc_s_half(j) = tanhf(acc_s_half(j) * softcap_prescale);
-        }
+        apply_softcap(acc_s_half);
         mask.apply(scores_half, tScS_half_rc, tile_m0, n_block * kBlockN);
         softmax.rescale_scores_lazy(scores_half, rescale);
-        constexpr int kHalf = decltype(size(acc_s_half))::value;
         Tensor rP_half = make_tensor(rP.data(), make_layout(Int<kHalf>{}));
         convert_fragment_into(make_tensor(acc_s.data(), make_layout(Int<kHalf>{})), rP_half);
         CUTE_UNROLL
         for (int j = kHalf; j < size(rP); ++j) rP(j) = Element(0.f);
-        ++step;
-        return;
+      } else {
+        scores_to_probs(tile_m0, n_block, mask_first);
+        convert_fragment_into(acc_s, rP);
       }
+    } else {
+      scores_to_probs(tile_m0, n_block, mask_whole);
+      convert_fragment_into(acc_s, rP);
     }
-    if constexpr (kHalfFirst) scores_to_probs(tile_m0, n_block, mask_first);
-    else scores_to_probs(tile_m0, n_block, mask_whole);
-    convert_fragment_into(acc_s, rP);
     ++step;
   };
   while (u < work_end) {
@@ -392,11 +354,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
     clear(acc_o);
     if (!first_done) softmax = OnlineSoftmax<kRows>(scale_log2);
 
-    // Epilogue: normalise, then store O. With o_smem, each warpgroup stages its 64 rows in shared
-    // memory with stmatrix and stores them 16 bytes a thread. Otherwise each thread stores its
-    // column pairs straight to global memory: its columns are its first one plus compile-time
-    // offsets, so each 4-byte store takes one row pointer and an immediate offset, and the column
-    // test is only needed where the user's head dim is narrower than the kernel's.
+    // Epilogue: normalise, store O (store_o), then the lse.
     // v_stage: the V buffer O may be staged in (config o_via_v), or -1 for none.
     auto epilogue = [&](int v_stage) FLASHCUTE_INLINE {
       float lse[kRows];
@@ -404,104 +362,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
       Tensor rO = convert_fragment<Element>(acc_o);  // ((2,2,D/8),MMA_M,MMA_D)
       auto* o_tile =
           static_cast<Element*>(params.o) + tile.batch * params.o_batch_stride + tile.head * params.o_head_stride;
-      if constexpr (Traits::kConfig.o_smem) {
-        Tensor sO = make_tensor(make_smem_ptr(storage.o.data()), typename Traits::SmemLayoutO{});  // (BLK_M,D)
-        auto smem_copy_o = make_tiled_copy_C(typename Traits::SmemCopyAtomO{}, mma_pv);
-        auto smem_thr_copy_o = smem_copy_o.get_thread_slice(mma_tid);
-        Tensor taccOrO = smem_thr_copy_o.retile_S(rO);     // (CPY,MMA_M,MMA_D)
-        Tensor taccOsO = smem_thr_copy_o.partition_D(sO);  // (CPY,CPY_M,CPY_D)
-        // Every thread of this warpgroup has read its rows of the previous tile's O.
-        cutlass::arch::NamedBarrier::sync(128, 2 + wg);
-        copy(smem_copy_o, taccOrO, taccOsO);
-        // The rows are all written before threads read rows that other warps wrote.
-        cutlass::arch::NamedBarrier::sync(128, 2 + wg);
-        using TileO = Shape<Int<64>, Int<kHeadDim>>;
-        const int row0 = m0 + 64 * wg;
-        Tensor gO = make_tensor(make_gmem_ptr(o_tile + int64_t(row0) * params.o_row_stride), TileO{},
-                                make_stride(params.o_row_stride, _1{}));  // (64,D)
-        Tensor sO_wg = local_tile(sO, TileO{}, make_coord(wg, 0));        // (64,D)
-        typename Traits::GmemTiledCopyO gmem_copy_o;
-        auto gmem_thr_copy_o = gmem_copy_o.get_thread_slice(mma_tid % 128);
-        Tensor tOsO = gmem_thr_copy_o.partition_S(sO_wg);                            // (CPY,CPY_M,CPY_D)
-        Tensor tOgO = gmem_thr_copy_o.partition_D(gO);                               // (CPY,CPY_M,CPY_D)
-        Tensor tOcO_wg = gmem_thr_copy_o.partition_D(make_identity_tensor(TileO{}));  // (CPY,CPY_M,CPY_D) -> (row,col)
-        Tensor tOrO = make_tensor<Element>(shape(tOgO));                             // (CPY,CPY_M,CPY_D)
-        copy(gmem_copy_o, tOsO, tOrO);
-        store_tile(gmem_copy_o, tOrO, tOgO, tOcO_wg, params.seqlen_q - row0, params.head_dim);
-      } else {
-        bool staged = false;
-        if constexpr (Traits::kConfig.o_via_v) {
-          if (v_stage >= 0) {
-            // O through the V buffer of the tile's last key block, in passes of kPassCols columns:
-            // each thread writes its column pairs into its warpgroup's region (16-byte chunks XOR-
-            // swizzled by row: the 8 rows of a warp's store hit 32 different banks), then reads back
-            // 16 bytes at a time, a warp two whole rows of the pass, and stores them.
-            constexpr int kPassCols = Traits::kConfig.o_pass_cols();
-            constexpr int kChunks = kPassCols / 8;  // 16-byte chunks in a staged row
-            constexpr int kRegion = FwdConfig::o_region_bytes(kPassCols) / 2;  // elements, 1024-byte aligned
-            static_assert(kPassCols % 64 == 0 && kHeadDim % kPassCols == 0);
-            static_assert(decltype(cosize(take<0, 2>(typename Traits::SmemLayoutVt{})))::value == kHeadDim * kBlockN);
-            Tensor rO_rc = make_tensor(rO.data(), gmma_rowcol_layout(rO.layout()));  // ((2,MMA_M),(2,D/8,MMA_D))
-            Element* region = storage.v.data() + v_stage * (kHeadDim * kBlockN) + wg * kRegion;
-            const int wg_tid = mma_tid % 128;
-            // Both warpgroups' last P V have read this V buffer: only now may either overwrite it.
-            cutlass::arch::NamedBarrier::sync(256, 5);
-            CUTE_UNROLL
-            for (int pass = 0; pass < kHeadDim / kPassCols; ++pass) {
-              // Every thread of this warpgroup has read the previous pass back.
-              if (pass > 0) cutlass::arch::NamedBarrier::sync(128, 2 + wg);
-              CUTE_UNROLL
-              for (int r = 0; r < size<0>(rO_rc); ++r) {
-                const int row = get<0>(tOcO_rc(r, 0)) - 64 * wg;  // in [0, 64)
-                CUTE_UNROLL
-                for (int jj = 0; jj < kChunks; ++jj) {
-                  const int c = 2 * (pass * kChunks + jj);  // columns c, c + 1 of the accumulator's row view
-                  const int col = get<1>(tOcO_rc(r, c)) - pass * kPassCols;
-                  Element pair[2] = {rO_rc(r, c), rO_rc(r, c + 1)};
-                  *reinterpret_cast<uint32_t*>(region + row * kPassCols + ((col >> 3) ^ (row & 7)) * 8 + (col & 7)) =
-                      *reinterpret_cast<uint32_t*>(pair);
-                }
-              }
-              // The pass is written before threads read rows that other warps wrote.
-              cutlass::arch::NamedBarrier::sync(128, 2 + wg);
-              CUTE_UNROLL
-              for (int it = 0; it < 64 * kChunks / 128; ++it) {
-                const int idx = it * 128 + wg_tid;
-                const int row = idx / kChunks, chunk = idx % kChunks;
-                const uint4 chunk_data =
-                    *reinterpret_cast<const uint4*>(region + row * kPassCols + (chunk ^ (row & 7)) * 8);
-                const int o_row = m0 + 64 * wg + row, o_col = pass * kPassCols + chunk * 8;
-                if (o_row < params.seqlen_q && o_col < params.head_dim)
-                  *reinterpret_cast<uint4*>(o_tile + int64_t(o_row) * params.o_row_stride + o_col) = chunk_data;
-              }
-            }
-            staged = true;
-          }
-        }
-        if (!staged) {
-          Tensor rO_rc = make_tensor(rO.data(), gmma_rowcol_layout(rO.layout()));  // ((2,MMA_M),(2,D/8,MMA_D))
-          const int col0 = get<1>(tOcO_rc(0, 0));
-          Element* o_ptr = o_tile + col0;
-          auto store_rows = [&](auto check_cols) FLASHCUTE_INLINE {
-            CUTE_UNROLL
-            for (int r = 0; r < size<0>(rO_rc); ++r) {
-              const int row = m0 + get<0>(tOcO_rc(r, 0));
-              if (row >= params.seqlen_q) continue;
-              Element* o_row = o_ptr + int64_t(row) * params.o_row_stride;
-              CUTE_UNROLL
-              for (int c = 0; c < size<1>(rO_rc); c += 2) {  // (c, c + 1): adjacent columns, one 4-byte store
-                const int dc = get<1>(tOcO_rc(r, c)) - col0;
-                if (!decltype(check_cols)::value || col0 + dc < params.head_dim) {
-                  Element pair[2] = {rO_rc(r, c), rO_rc(r, c + 1)};
-                  *reinterpret_cast<uint32_t*>(o_row + dc) = *reinterpret_cast<uint32_t*>(pair);
-                }
-              }
-            }
-          };
-          if (params.head_dim == kHeadDim) store_rows(cute::false_type{});
-          else store_rows(cute::true_type{});
-        }
-      }
+      store_o<Traits>(storage, mma_pv, rO, tOcO_rc, o_tile, params, m0, wg, mma_tid, v_stage);
       if (params.lse != nullptr && get<1>(tOcO_rc(0, 0)) == 0) {  // one thread of each row's quad
         float* lse_ptr = params.lse + tile.batch * params.lse_batch_stride + tile.head * params.lse_head_stride;
         CUTE_UNROLL
