@@ -19,7 +19,8 @@
 # tests/python/test_forward_path.py), NCU=1 (ncu --set full on A over scripts/ncu_fwd.py; NCU_SHAPES
 # picks its shapes, e.g. 64:causal:1024), PYTEST_TIMEOUT (seconds one test may take, default 120),
 # BENCH_TIMEOUT (seconds one bench run may take, default 240: a variant that hangs loses its own
-# runs only).
+# runs only), EXTRA (a shell command run last with A's package on PYTHONPATH, e.g. a bench with
+# FLASHCUTE_SM90_TILES set; its output goes to the log).
 # Everything lands in $OUT/results.tgz (the device returns at most 8 files).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 2
@@ -86,6 +87,10 @@ if [[ -n "${NCU:-}" ]]; then
   rm -f "$WORK/prof.ncu-rep"
 fi
 bench 2
+if [[ -n "${EXTRA:-}" ]]; then
+  echo "== extra on A: $EXTRA"
+  PYTHONPATH="$WORK/pkg_A" timeout "${BENCH_TIMEOUT:-240}" bash -c "$EXTRA" 2>&1
+fi
 mkdir -p "$OUT"
 (cd "$WORK" && tar czf "$OUT/results.tgz" --exclude='./b_*' --exclude='./src_*' --exclude='./pkg_*' .)
 ls -la "$OUT"
