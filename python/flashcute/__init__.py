@@ -97,7 +97,7 @@ def last_forward_tile() -> tuple[int, int]:
     query rows per tile and keys per main-loop step; ``(0, 0)`` before any launch.
 
     On the sm90 kernels some head dims have a second, long-sequence tile (head dim 64: 192 x 128
-    instead of 128 x 128), which a call takes when it is long enough to gain from it.
+    instead of 256 x 64), which a call takes when it is long enough to gain from it.
     ``FLASHCUTE_SM90_TILES`` in the environment chooses: ``auto`` (the default), ``base`` (the
     first tiles always) or ``long`` (the long-sequence tiles wherever a head dim has them); any
     other value is a ValueError naming the variable. A diagnostic, like :func:`last_forward_path`.

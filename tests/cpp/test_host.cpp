@@ -93,6 +93,12 @@ TEST(TileTable, Sm90LongSequenceConfigsAreValid) {
     EXPECT_EQ(err, nullptr) << "head dim " << hd << ": " << err;
   }
   EXPECT_EQ(with_long, 1);  // d 64 (192 x 128), as CMake's _flashcute_sm90_long_head_dims lists
+  // d 64's first table: four consumer warpgroups of 64 rows, 640 threads at 96 registers a thread.
+  constexpr flashcute::sm90::FwdConfig kD64 = flashcute::sm90::default_fwd_config(64);
+  EXPECT_EQ(kD64.consumer_warpgroups(), 4);
+  EXPECT_EQ(kD64.num_threads(), 640);
+  EXPECT_EQ(kD64.launch_regs(), 96);
+  EXPECT_LE(128 * (kD64.producer_regs + 4 * kD64.consumer_regs), kD64.launch_regs() * kD64.num_threads());
   EXPECT_EQ(flashcute::sm90::long_fwd_config(64).block_m, 192);
   EXPECT_FALSE(flashcute::sm90::has_long_fwd_config(128));
   EXPECT_FALSE(flashcute::sm90::has_long_fwd_config(0));
@@ -303,7 +309,8 @@ TEST(TileTable, Sm90ValidateNamesTheBrokenRule) {
   };
   const Bad cases[] = {
       {{.head_dim = 48, .block_m = 128, .block_n = 128}, "head_dim must be a multiple of 32, at most 256"},
-      {{.head_dim = 128, .block_m = 64, .block_n = 128}, "block_m must be 128 or 192 (2 or 3 consumer warpgroups)"},
+      {{.head_dim = 128, .block_m = 64, .block_n = 128}, "block_m must be 128, 192 or 256 (2, 3 or 4 consumer warpgroups)"},
+      {{.head_dim = 128, .block_m = 320, .block_n = 128}, "block_m must be 128, 192 or 256 (2, 3 or 4 consumer warpgroups)"},
       {{.head_dim = 128, .block_m = 128, .block_n = 72},
        "block_n must be a multiple of 16 in [16, 256] (the N of one wgmma and a TMA box)"},
       {{.head_dim = 128, .block_m = 128, .block_n = 128, .stages = 1},
@@ -319,6 +326,10 @@ TEST(TileTable, Sm90ValidateNamesTheBrokenRule) {
       {{.head_dim = 64, .block_m = 128, .block_n = 64, .producer_regs = 32, .consumer_regs = 240},
        "the warpgroups' registers exceed what the CTA is launched with (launch_regs() x num_threads())"},
       {{.head_dim = 64, .block_m = 128, .block_n = 64, .producer_regs = 20}, "register counts must be multiples of 8 in [24, 256]"},
+      // Four consumer warpgroups: 640 threads are launched with 96 registers a thread (61440), so
+      // 24 + 4 x 120 (64512) does not fit, where 24 + 4 x 112 (60416) does.
+      {{.head_dim = 64, .block_m = 256, .block_n = 64, .consumer_regs = 120},
+       "the warpgroups' registers exceed what the CTA is launched with (launch_regs() x num_threads())"},
       {{.head_dim = 128, .block_m = 128, .block_n = 128, .o_smem = true, .o_via_v = true},
        "o_via_v needs one Q buffer, no O buffer, and a V buffer that holds 64 rows x 64 columns of O per consumer warpgroup"},
       {{.head_dim = 256, .block_m = 128, .block_n = 16, .o_via_v = true},

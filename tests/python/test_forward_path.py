@@ -177,10 +177,10 @@ def test_both_paths_match_the_reference(torch, monkeypatch, case):
 
 
 # The sm90 kernels' second tile table (sm90::long_fwd_config): head dim 64 has 192 x 128 tiles,
-# three consumer warpgroups, beside the first table's 128 x 128. FLASHCUTE_SM90_TILES forces
+# three consumer warpgroups, beside the first table's 256 x 64 (four). FLASHCUTE_SM90_TILES forces
 # either; both must compute the same attention on every kind of call, not only the long ones
 # the automatic choice gives them.
-TILES = {"base": (128, 128), "long": (192, 128)}
+TILES = {"base": (256, 64), "long": (192, 128)}
 LONG_CASES = [
     dict(),
     dict(sq=1, sk=1),
@@ -188,6 +188,10 @@ LONG_CASES = [
     dict(sq=113, sk=1000, causal=True),
     dict(sq=1000, sk=113, causal=True),
     dict(sq=1000, sk=1000, causal=True, b=4, h=16),  # several tiles per persistent CTA, in pairs
+    # Pairs of tiles under a causal offset: a warpgroup's unseen top blocks handed back on the
+    # early path to the second tile (up to three at 256 x 64), and rows that see no key at all.
+    dict(sq=300, sk=700, causal=True, b=8, h=16),
+    dict(sq=700, sk=300, causal=True, b=8, h=16),
     dict(sq=577, sk=1500, b=8, h=16),  # several tiles per CTA, the next tile's first S early
     # Several tiles per CTA of two and three blocks: the next tile's first S early, a tile's last
     # Q K^T among the first two blocks, a ragged second block; softcap and fp16.

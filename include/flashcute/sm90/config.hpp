@@ -66,7 +66,8 @@ struct FwdConfig {
 // nullptr when cfg is valid, otherwise the first rule it breaks.
 constexpr const char* validate(FwdConfig cfg) {
   if (cfg.head_dim % 32 != 0 || cfg.head_dim > kMaxHeadDim) return "head_dim must be a multiple of 32, at most 256";
-  if (cfg.block_m != 128 && cfg.block_m != 192) return "block_m must be 128 or 192 (2 or 3 consumer warpgroups)";
+  if (cfg.block_m != 128 && cfg.block_m != 192 && cfg.block_m != 256)
+    return "block_m must be 128, 192 or 256 (2, 3 or 4 consumer warpgroups)";
   if (cfg.block_n % 16 != 0 || cfg.block_n < 16 || cfg.block_n > 256)
     return "block_n must be a multiple of 16 in [16, 256] (the N of one wgmma and a TMA box)";
   if (cfg.stages < 2) return "stages must be >= 2: the producer loads one block while the consumers use another";
@@ -89,12 +90,19 @@ constexpr const char* validate(FwdConfig cfg) {
 // The tile table. Two consumer warpgroups of 64 rows each; the longest key block whose K and V
 // double buffers fit beside Q, as FlashAttention-3 chose for these head dims (see perf-notes).
 // Up to d 128 a second Q buffer fits too, and puts each tile's epilogue under the next tile's
-// first Q K^T (perf-notes v29), and so does an O buffer for 16-byte stores (v34).
+// first Q K^T (perf-notes v29), and so does an O buffer for 16-byte stores (v34). d 64 instead
+// takes four consumer warpgroups on 256 x 64 tiles, half as many tiles for the same work (a tile
+// boundary, not a key block, is where d 64 lost to cuDNN: v58), at the most registers 640 threads
+// allow them (4 x 112 + 24 within 96 a thread), with six K/V stages so that the warpgroups of a
+// causal tile, which skip different numbers of its top blocks, need not wait for each other at
+// its boundaries (perf-notes v66, v67).
 constexpr FwdConfig default_fwd_config(int head_dim) {
   switch (head_dim) {
     // Ping-pong at d 96 and 128, not at d 64 (same-machine A/B, perf-notes v26).
     case 32: return {.head_dim = 32, .block_m = 128, .block_n = 128, .q_stages = 2, .o_smem = true};
-    case 64: return {.head_dim = 64, .block_m = 128, .block_n = 128, .q_stages = 2, .o_smem = true};
+    case 64:
+      return {.head_dim = 64, .block_m = 256, .block_n = 64, .stages = 6, .q_stages = 2, .o_smem = true,
+              .consumer_regs = 112};
     case 96: return {.head_dim = 96, .block_m = 128, .block_n = 128, .q_stages = 2, .o_smem = true, .pingpong = true};
     case 128: return {.head_dim = 128, .block_m = 128, .block_n = 128, .q_stages = 2, .o_smem = true, .pingpong = true};
     case 192: return {.head_dim = 192, .block_m = 128, .block_n = 96, .o_via_v = true};
@@ -108,7 +116,8 @@ constexpr FwdConfig default_fwd_config(int head_dim) {
 // elsewhere), built as a kernel of its own beside the first (src/kernel.cu.in; CMake's list of
 // these head dims, _flashcute_sm90_long_head_dims, must match). d 64 on 192 x 128 tiles, three
 // consumer warpgroups: more query rows share each K and V block, and three warpgroups' softmax
-// and GEMMs interleave (perf-notes v35: +9-15% from 2k keys without a mask, but -15% at causal 1k).
+// and GEMMs interleave (perf-notes v35: +9-15% from 2k keys without a mask, but -15% at causal 1k;
+// against the 256 x 64 tiles, v66: equal at 2k-4k, +3-5% from 8k, without a mask).
 constexpr FwdConfig long_fwd_config(int head_dim) {
   switch (head_dim) {
     case 64:

@@ -251,6 +251,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
       next = tile_at(next_u, next_j);
     } while (!next.valid);
   };
+  int n_top = 0;  // the first block this warpgroup computes in `tile` (wg_top)
   // The first position holds no tile where a tail round deals this CTA none.
   if (u < work_end) {
     tile = tile_at(u, j);
@@ -267,12 +268,16 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
   // and say how much O must shrink (rescale[]): FlashAttention-4's lazy rescale, a row's maximum
   // moves only when it grows by more than 2^8 (perf-notes v51). Returns false where no row of this
   // warp moved its maximum, so that O need not be touched.
-  // mask_block(tile_m0, n0) masks the scores where the tile needs a mask at all (mask_whole: all of
-  // them).
+  // mask_block(tile_m0, n0) masks the scores where they need a mask at all (mask_whole: all of
+  // them). That is asked of this warpgroup's 64 rows where a tile has more than two warpgroups,
+  // most of whom need no mask on most of the diagonal's blocks; of the whole tile otherwise, which
+  // measured faster at d 256 causal 1k (perf-notes v66).
   auto scores_to_probs = [&](int tile_m0, int n_block, auto const& mask_block) FLASHCUTE_INLINE {
     const int n0 = n_block * kBlockN;
     apply_softcap(acc_s);
-    if (mask.tile_needs_mask(tile_m0, kBlockM, n0, kBlockN)) mask_block(tile_m0, n0);
+    const bool needs_mask = Traits::kConsumerWarpgroups > 2 ? mask.tile_needs_mask(tile_m0 + 64 * wg, 64, n0, kBlockN)
+                                                            : mask.tile_needs_mask(tile_m0, kBlockM, n0, kBlockN);
+    if (needs_mask) mask_block(tile_m0, n0);
     return __any_sync(0xffffffff, softmax.rescale_scores_lazy(scores, rescale));
   };
   auto mask_whole = [&](int tile_m0, int n0) FLASHCUTE_INLINE { mask.apply(scores, tScS_rc, tile_m0, n0); };
@@ -312,6 +317,26 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
   // Whether no row of this warpgroup in the tile at tile_m0 sees a key of block n_block's right half.
   auto right_half_unseen = [&](int tile_m0, int n_block) FLASHCUTE_INLINE {
     return wg_key_end(tile_m0) <= n_block * kBlockN + kBlockN / 2;
+  };
+  // The first (highest) key block this warpgroup computes in tile t: the tile's last visible block,
+  // less those at the top that no row of this warpgroup sees (the causal diagonal's blocks right
+  // of its rows: up to three for the first warpgroup of a 256 x 64 tile, one for the first of a
+  // 128 x 80 or 128 x 96 tile; perf-notes v63, v66). At least the tile's first block. Not with
+  // ping-pong, where both warpgroups must take as many turns.
+  auto wg_top = [&](const Tile& t) FLASHCUTE_INLINE {
+    int top = t.n_block_max - 1;
+    if constexpr (!kPingpong) top = max(t.n_block_min, min(top, ceil_div(wg_key_end(t.m_block * kBlockM), kBlockN) - 1));
+    return top;
+  };
+  // Hands the K (or V) of block `s` back to the producer unread, once it has arrived: released
+  // before, this warpgroup's arrival would count toward the stage's previous block.
+  auto skip_k = [&](int s) FLASHCUTE_INLINE {
+    TxBarrier::wait(&storage.k_full[stage_of(s)], phase_of(s));
+    release(storage.k_empty[stage_of(s)]);
+  };
+  auto skip_v = [&](int s) FLASHCUTE_INLINE {
+    TxBarrier::wait(&storage.v_full[stage_of(s)], phase_of(s));
+    release(storage.v_empty[stage_of(s)]);
   };
   // The mask of a tile's first block: where this warpgroup sees all of the block's left half (the
   // causal diagonal, second warpgroup), only the right half is masked (perf-notes v62).
@@ -373,26 +398,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
       }
     };
 
-    int n_top = tile.n_block_max - 1;  // the first (last, possibly ragged) block this warpgroup computes
+    // The first (last, possibly ragged) block this warpgroup computes: where the tile's first
+    // probabilities are in rP already, the early path below chose it.
+    if (!first_done) n_top = wg_top(tile);
     if (tile.n_block_max > tile.n_block_min) {
       // The first block: S, then its probabilities; O is still zero.
       if (!first_done) {
-        // A first block that no row of this warpgroup sees (the causal diagonal's last block for
-        // the first warpgroup, where 64 rows are not a whole number of key blocks: d 192 and 256,
-        // whose tiles all start here, with one Q buffer) goes back to the producer unread
-        // (perf-notes v63). Its K and V must have arrived first: released earlier, this
-        // warpgroup's arrivals would count toward the other warpgroup's release of the stage's
-        // previous block. With ping-pong it still takes and passes the turn of the GEMMs it does
-        // not issue: the warpgroups take turns strictly, so both must take as many.
-        if (kQStages == 1 && n_top > tile.n_block_min && wg_key_end(m0) <= n_top * kBlockN) {
-          TxBarrier::wait(&storage.k_full[stage_of(step)], phase_of(step));
-          TxBarrier::wait(&storage.v_full[stage_of(step)], phase_of(step));
-          release(storage.k_empty[stage_of(step)]);
-          release(storage.v_empty[stage_of(step)]);
-          my_turn();
-          pass_turn();
-          ++step, --n_top;
-        }
+        // The blocks above it go back to the producer unread.
+        for (int n = tile.n_block_max - 1; n > n_top; --n, ++step) skip_k(step), skip_v(step);
         q_stage = q_round % kQStages;
         wait_q_k(q_stage);
         my_turn();
@@ -444,18 +457,26 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
       if constexpr (kQStages == 2) early = next_u < work_end && next.n_block_max > next.n_block_min;
       if (early) {
         // Its Q is in the other buffer; only the next S needs the next tile's Q and K, and acc_s
-        // is free once P is converted.
+        // is free once P is converted. The next tile's blocks this warpgroup does not see go back
+        // first, their K now and their V once this tile's last V is released: at most
+        // kStages - 1 of them, since the load of the K after them waits for that release (the
+        // producer loads K and V in turn), and the next S waits for that K. Any more are computed
+        // (and masked) as before.
+        const int last_step = step - 1;
+        n_top = max(wg_top(next), next.n_block_max - kStages);
+        for (int n = next.n_block_max - 1; n > n_top; --n, ++step) skip_k(step);
         const int next_q_stage = q_round % kQStages;
         wait_q_k(next_q_stage);
         issue_s(tSrQ(_, _, _, next_q_stage));
         pass_turn();
         ++q_round;
         warpgroup_wait<1>();  // the last P V is done; the next tile's S runs on under the epilogue
-        release(storage.v_empty[stage_of(step - 1)]);
+        release(storage.v_empty[stage_of(last_step)]);
+        for (int s = last_step + 1; s < step; ++s) skip_v(s);
         epilogue(-1);
         softmax = OnlineSoftmax<kRows>(scale_log2);
         warpgroup_wait<0>();
-        first_probs(next.m_block * kBlockM, next.n_block_max - 1);
+        first_probs(next.m_block * kBlockM, n_top);
         q_stage = next_q_stage;
         first_done = true;
       } else {
