@@ -322,10 +322,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
   // less those at the top that no row of this warpgroup sees (the causal diagonal's blocks right
   // of its rows: up to three for the first warpgroup of a 256 x 64 tile, one for the first of a
   // 128 x 80 or 128 x 96 tile; perf-notes v63, v66). At least the tile's first block. Not with
-  // ping-pong, where both warpgroups must take as many turns.
+  // ping-pong (d 96, 128), where both warpgroups must take as many turns, and where 128-key blocks
+  // and seqlen_q = seqlen_k leave no block unseen anyway: there every skip compiles away.
+  constexpr bool kSkipUnseen = !kPingpong;
   auto wg_top = [&](const Tile& t) FLASHCUTE_INLINE {
     int top = t.n_block_max - 1;
-    if constexpr (!kPingpong) top = max(t.n_block_min, min(top, ceil_div(wg_key_end(t.m_block * kBlockM), kBlockN) - 1));
+    if constexpr (kSkipUnseen) top = max(t.n_block_min, min(top, ceil_div(wg_key_end(t.m_block * kBlockM), kBlockN) - 1));
     return top;
   };
   // Hands the K (or V) of block `s` back to the producer unread, once it has arrived: released
@@ -400,12 +402,18 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
 
     // The first (last, possibly ragged) block this warpgroup computes: where the tile's first
     // probabilities are in rP already, the early path below chose it.
-    if (!first_done) n_top = wg_top(tile);
+    if constexpr (kSkipUnseen) {
+      if (!first_done) n_top = wg_top(tile);
+    } else {
+      n_top = tile.n_block_max - 1;
+    }
     if (tile.n_block_max > tile.n_block_min) {
       // The first block: S, then its probabilities; O is still zero.
       if (!first_done) {
         // The blocks above it go back to the producer unread.
-        for (int n = tile.n_block_max - 1; n > n_top; --n, ++step) skip_k(step), skip_v(step);
+        if constexpr (kSkipUnseen) {
+          for (int n = tile.n_block_max - 1; n > n_top; --n, ++step) skip_k(step), skip_v(step);
+        }
         q_stage = q_round % kQStages;
         wait_q_k(q_stage);
         my_turn();
@@ -463,8 +471,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
         // producer loads K and V in turn), and the next S waits for that K. Any more are computed
         // (and masked) as before.
         const int last_step = step - 1;
-        n_top = max(wg_top(next), next.n_block_max - kStages);
-        for (int n = next.n_block_max - 1; n > n_top; --n, ++step) skip_k(step);
+        if constexpr (kSkipUnseen) {
+          n_top = max(wg_top(next), next.n_block_max - kStages);
+          for (int n = next.n_block_max - 1; n > n_top; --n, ++step) skip_k(step);
+        } else {
+          n_top = next.n_block_max - 1;
+        }
         const int next_q_stage = q_round % kQStages;
         wait_q_k(next_q_stage);
         issue_s(tSrQ(_, _, _, next_q_stage));
@@ -472,7 +484,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
         ++q_round;
         warpgroup_wait<1>();  // the last P V is done; the next tile's S runs on under the epilogue
         release(storage.v_empty[stage_of(last_step)]);
-        for (int s = last_step + 1; s < step; ++s) skip_v(s);
+        if constexpr (kSkipUnseen) {
+          for (int s = last_step + 1; s < step; ++s) skip_v(s);
+        }
         epilogue(-1);
         softmax = OnlineSoftmax<kRows>(scale_log2);
         warpgroup_wait<0>();
