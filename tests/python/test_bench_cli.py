@@ -8,6 +8,7 @@ library (a NumPy "GPU" whose CUDA events always read 0.5 ms) and are skipped wit
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import subprocess
 import sys
@@ -24,8 +25,9 @@ import pytest
 from flashcute.bench.arrays import ArrayLib, DeviceInfo, Inputs
 from flashcute.bench.check import check_slice
 from flashcute.bench.grid import Point, attention_flops, build_grid, tflops
-from flashcute.bench.impls import IMPLS, Flashcute, Impl, Runner
+from flashcute.bench.impls import DEFAULT_IMPLS, IMPLS, Flashcute, Impl, Runner
 from flashcute.bench.results import ImplResult, PointResult
+import flashcute.bench.run as run_mod
 from flashcute.bench.run import run_point
 from flashcute.testing import Check
 
@@ -79,8 +81,9 @@ def test_defaults_are_the_fa_grid():
     assert g.causals == (False, True)
     assert g.dtypes == ("bf16",)
     assert (g.batch, g.nheads, g.nheads_k) == (None, None, None)
-    assert cfg.impls == ("flashcute", "flashcute-sm80", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient") == tuple(IMPLS)
-    assert (cfg.warmup, cfg.iters, cfg.seed, cfg.framework) == (10, 30, 0, "auto")
+    assert cfg.impls == ("flashcute", "flashcute-sm80", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient") == DEFAULT_IMPLS
+    assert set(IMPLS) == {*DEFAULT_IMPLS, "flashcute-base"}
+    assert (cfg.warmup, cfg.iters, cfg.rounds, cfg.seed, cfg.framework) == (10, 30, 5, 0, "auto")
     assert cfg.out_dir == Path("bench-results") and cfg.plot
 
 
@@ -96,13 +99,14 @@ def test_quick_grid_and_explicit_flags_win():
 
 def test_flags_parse(tmp_path):
     argv = "--headdims 64,72 --seqlens 128,4096 --causal no --dtype fp16 --batch 3 --nheads 8 --nheads-k 2"
-    argv += " --warmup 2 --iters 7 --impls flashcute,sdpa-cudnn,flashcute --no-plot --framework cupy --seed 5"
+    argv += " --warmup 2 --iters 7 --rounds 3 --impls flashcute,sdpa-cudnn,flashcute --no-plot --framework cupy"
+    argv += " --seed 5"
     cfg = cli.parse_args(argv.split() + ["--out-dir", str(tmp_path)])
     g = cfg.grid
     assert g.headdims == (64, 72) and g.seqlens == (128, 4096)
     assert g.causals == (False,) and g.dtypes == ("fp16",)
     assert (g.batch, g.nheads, g.nheads_k) == (3, 8, 2)
-    assert (cfg.warmup, cfg.iters, cfg.seed) == (2, 7, 5)
+    assert (cfg.warmup, cfg.iters, cfg.rounds, cfg.seed) == (2, 7, 3, 5)
     assert cfg.impls == ("flashcute", "sdpa-cudnn")  # duplicates dropped
     assert cfg.out_dir == tmp_path and not cfg.plot and cfg.framework == "cupy"
 
@@ -123,6 +127,7 @@ def test_flags_parse(tmp_path):
         ["--nheads-k", "-1"],
         ["--iters", "0"],
         ["--warmup", "-1"],
+        ["--rounds", "0"],
     ],
 )
 def test_bad_arguments_are_usage_errors(argv, capsys):
@@ -323,6 +328,49 @@ def test_run_point_checks_gqa_slices_and_times():
     assert not pr.failed
 
 
+def test_rounds_plan():
+    assert run_mod.rounds_plan(30, 5) == (5, 6)
+    assert run_mod.rounds_plan(7, 3) == (3, 3)  # 9 timed calls: the same number in every round
+    assert run_mod.rounds_plan(2, 5) == (2, 1)  # no round without a timed call
+    assert run_mod.rounds_plan(20, 1) == (1, 20)
+
+
+def test_run_point_times_the_impls_in_turns():
+    """Round r times every implementation in turn, in the listed order in even rounds and the
+    reverse in odd ones; the first round takes the whole warm-up, later ones ROUND_WARMUP calls.
+    An implementation that raises in a later round is an error; the others go on."""
+    lib = NumpyLib.load()
+    point = Point("fp16", 8, False, 16, 1, 2, 2)
+    log: list[str] = []
+
+    def logged(name: str, fail_after: int | None = None) -> Any:
+        def fn(*args: Any, **kwargs: Any) -> Any:
+            log.append(name)
+            if fail_after is not None and log.count(name) > fail_after:
+                raise RuntimeError("launch failed")
+            return naive_attention(*args, **kwargs)
+
+        return fn
+
+    impls = [FakeFlashcute(logged("fc")), FakeImpl("peer", logged("peer")), FakeImpl("late", logged("late", 6))]
+    pr = run_mod.run_point(lib, impls, point, seed=0, warmup=3, iters=5, l2_bytes=None, rounds=3)
+    w = run_mod.ROUND_WARMUP
+    first = 1 + 3 + 2  # the checked call, the warm-up, two timed calls
+    later = w + 2
+    # Each impl is checked once, in order, before any timing.
+    assert log[:3] == ["fc", "peer", "late"]
+    runs = [(name, len(list(group))) for name, group in itertools.groupby(log[3:])]
+    # (groupby joins the last impl of a round with the first of the next: the same impl.)
+    assert runs == [("fc", first - 1), ("peer", first - 1),  # round 0, in order
+                    ("late", first - 1 + 1),  # round 0's last, then round 1's first, which fails at once
+                    ("peer", later), ("fc", later + later),  # the rest of round 1, reversed; round 2's first
+                    ("peer", later)]  # round 2: late is out
+    assert pr.impls["flashcute"].status == "ok" and pr.impls["flashcute"].times_ms == [0.5] * 6
+    assert pr.impls["peer"].times_ms == [0.5] * 6
+    assert pr.impls["late"].status == "n/a" and pr.impls["late"].note == "RuntimeError: launch failed"
+    assert list(pr.impls) == ["flashcute", "peer", "late"]
+
+
 @pytest.mark.parametrize(
     ("fn", "status"),
     [
@@ -364,7 +412,7 @@ def test_main_end_to_end_on_a_fake_gpu(fake_gpu, capsys, tmp_path):
     out, err = capsys.readouterr()
     assert rc == 0, out + err
     assert "numpy is in use, so only flashcute can be timed" in err  # the SDPA backends need torch
-    assert "flashcute.bench: Fake GPU (sm_90, 132 SMs), numpy, 8 points, impls flashcute, warmup 1, iters 3" in out
+    assert "flashcute.bench: Fake GPU (sm_90, 132 SMs), numpy, 8 points, impls flashcute, warmup 1, iters 3 in 3 rounds of 1" in out
     assert "fp16 d=64 causal s=512 b=1 h=2/1: flashcute 0.1  [check pass " in out
     assert "flashcute n/a: no kernel for head dim 128 in this build (compiled: " in out
     assert out.splitlines()[-1] == "flashcute.bench summary [Fake GPU]: 4/4 points correct (4 n/a); no SDPA comparison"

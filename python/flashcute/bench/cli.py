@@ -17,10 +17,10 @@ from . import timing
 from .arrays import ArrayLib, DeviceInfo, LibraryUnavailable, select_array_lib, versions
 from .files import output_stem, write_csv, write_json, write_plot
 from .grid import FA_HIDDEN, FA_TOKENS, FLOPS_FORMULA, PASSES, GridSpec, build_grid
-from .impls import IMPLS, SUBJECT
+from .impls import DEFAULT_IMPLS, IMPLS, SUBJECT
 from .report import PROG, Console, point_line, summary_line, table_rows
 from .results import NOT_AVAILABLE, PointResult
-from .run import run_point
+from .run import rounds_plan, run_point
 
 EXIT_OK, EXIT_NO_GPU, EXIT_USAGE, EXIT_CHECK_FAILED = 0, 1, 2, 3
 
@@ -97,7 +97,17 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument(
         "--iters", type=int, default=30, help="individually timed calls; the median is reported (default 30)"
     )
-    t.add_argument("--impls", type=_impl_list, default=list(IMPLS), help=f"implementations (default {_csv(IMPLS)})")
+    t.add_argument(
+        "--rounds",
+        type=int,
+        default=5,
+        help="the implementations are timed in turns, this many rounds of iters/rounds calls each, so that "
+        "all of them see the GPU's clocks at the same moments (default 5; 1: one after the other)",
+    )
+    t.add_argument(
+        "--impls", type=_impl_list, default=list(DEFAULT_IMPLS),
+        help=f"implementations (default {_csv(DEFAULT_IMPLS)}; also flashcute-base: the first sm90 tile table only)"
+    )
     t.add_argument(
         "--framework",
         choices=("auto", "torch", "cupy"),
@@ -125,6 +135,7 @@ class BenchConfig:
     seed: int
     out_dir: Path
     plot: bool
+    rounds: int = 1
 
 
 def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
@@ -137,8 +148,8 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
         value = getattr(a, name)
         if value is not None and value <= 0:
             parser.error(f"--{name.replace('_', '-')} must be positive")
-    if a.warmup < 0 or a.iters < 1:
-        parser.error("--warmup must be >= 0 and --iters >= 1")
+    if a.warmup < 0 or a.iters < 1 or a.rounds < 1:
+        parser.error("--warmup must be >= 0, --iters and --rounds >= 1")
     headdims = a.headdims or list(QUICK_HEADDIMS if a.quick else DEFAULT_HEADDIMS)
     bad = [d for d in headdims if d % 8 or d > 256]
     if bad:
@@ -153,7 +164,8 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
         nheads_k=a.nheads_k,
         pass_=a.pass_,
     )
-    return BenchConfig(grid, a.warmup, a.iters, tuple(a.impls), a.framework, a.seed, a.out_dir, not a.no_plot)
+    return BenchConfig(grid, a.warmup, a.iters, tuple(a.impls), a.framework, a.seed, a.out_dir, not a.no_plot,
+                       a.rounds)
 
 
 class BenchExit(Exception):
@@ -275,9 +287,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: {lib.name} is in use, so only {_csv(names)} can be timed", file=sys.stderr)
 
     console = Console()
+    rounds, per_round = rounds_plan(cfg.iters, cfg.rounds)
     console.log(
         f"{PROG}: {device.name} ({device.arch}, {device.sm_count} SMs), {lib.name}, {len(points)} points, "
-        f"impls {_csv(names)}, warmup {cfg.warmup}, iters {cfg.iters}"
+        f"impls {_csv(names)}, warmup {cfg.warmup}, iters {cfg.iters} in {rounds} rounds of {per_round}"
     )
     ceiling = None
     if lib.name == "torch" and cfg.grid.pass_ == "fwd":
@@ -288,7 +301,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     with console.progress(len(points), "benchmark") as advance:
         for point in points:
             pr = run_point(
-                lib, impls, point, seed=cfg.seed, warmup=cfg.warmup, iters=cfg.iters, l2_bytes=device.l2_bytes
+                lib, impls, point, seed=cfg.seed, warmup=cfg.warmup, iters=cfg.iters, l2_bytes=device.l2_bytes,
+                rounds=cfg.rounds
             )
             results.append(pr)
             console.log(point_line(pr, names))
@@ -304,7 +318,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             advance()
 
     what = {"fwd": "forward", "bwd": "backward", "fwd+bwd": "forward + backward"}[cfg.grid.pass_]
-    console.table(f"flashcute {what}, TFLOP/s (median of {cfg.iters}) on {device.name}", *table_rows(results, names))
+    console.table(f"flashcute {what}, TFLOP/s (median of {rounds * per_round}) on {device.name}", *table_rows(results, names))
     meta = metadata(cfg, argv, lib, device)
     if ceiling is not None:
         meta["matmul_tflops"] = ceiling

@@ -14,7 +14,7 @@ import contextlib
 import os
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import KW_ONLY, dataclass
 from typing import Any, Callable
@@ -110,11 +110,14 @@ class Flashcute(Impl):
     """flashcute.flash_attn_func, called as users call it. Points whose dtype or head dim was left
     out of the build (FLASHCUTE_DTYPES / FLASHCUTE_HEAD_DIMS) are unsupported. The forward's runner
     records the kernel family and tile that ran (``layout`` "path sm90 128x128"); ``path`` forces a
-    family through FLASHCUTE_FORWARD_PATH ("flashcute-sm80": the mma.sync kernels on any GPU)."""
+    family through FLASHCUTE_FORWARD_PATH ("flashcute-sm80": the mma.sync kernels on any GPU), and
+    ``tiles`` an sm90 tile table through FLASHCUTE_SM90_TILES ("flashcute-base": the first table's
+    tiles only, to measure what the second table's choice gains)."""
 
-    def __init__(self, name: str = SUBJECT, path: str | None = None) -> None:
+    def __init__(self, name: str = SUBJECT, path: str | None = None, tiles: str | None = None) -> None:
         self.name = name
         self.path = path
+        self.tiles = tiles
 
     def prepare(self, point: Point, input_sets: Sequence[Inputs], softmax_scale: float) -> Runner:
         import flashcute
@@ -137,7 +140,11 @@ class Flashcute(Impl):
                                lambda q, k, v: flashcute.flash_attn_func(q, k, v, softmax_scale=softmax_scale,
                                                                          causal=point.causal))
 
-        context = lambda: forward_path_env(self.path)  # noqa: E731
+        @contextlib.contextmanager
+        def context() -> Iterator[None]:
+            with forward_path_env(self.path), env_var("FLASHCUTE_SM90_TILES", self.tiles):
+                yield
+
         calls = [call(x) for x in input_sets]
         with context():
             calls[0]()
@@ -217,8 +224,12 @@ IMPLS: dict[str, Impl] = {
     for impl in (
         Flashcute(),
         Flashcute("flashcute-sm80", path="sm80"),
+        Flashcute("flashcute-base", tiles="base"),
         Sdpa("sdpa-flash", "FLASH_ATTENTION"),
         Sdpa("sdpa-cudnn", "CUDNN_ATTENTION"),
         Sdpa("sdpa-efficient", "EFFICIENT_ATTENTION"),
     )
 }
+# What a run times unless --impls says otherwise: every implementation but the forced tile table,
+# which only A/B comparisons of the two tables ask for.
+DEFAULT_IMPLS: tuple[str, ...] = tuple(name for name in IMPLS if name != "flashcute-base")

@@ -12,7 +12,10 @@ import math
 from collections.abc import Sequence
 from typing import Any, Callable, Protocol
 
-METHOD = "CUDA events around each call after a warm-up; median; inputs rotate only if they would fit in L2"
+METHOD = (
+    "CUDA events around each call after a warm-up; the implementations timed in turns (--rounds), order reversed "
+    "every other round; median of all timed calls; inputs rotate only if they would fit in L2"
+)
 
 # Inputs are rotated between timed calls only when one set would sit in L2: below this many L2s.
 ROTATE_BELOW_L2_MULTIPLE = 2
