@@ -83,7 +83,7 @@ def test_defaults_are_the_fa_grid():
     assert (g.batch, g.nheads, g.nheads_k) == (None, None, None)
     assert cfg.impls == ("flashcute", "flashcute-sm80", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient") == DEFAULT_IMPLS
     assert set(IMPLS) == {*DEFAULT_IMPLS, "flashcute-base"}
-    assert (cfg.warmup, cfg.iters, cfg.rounds, cfg.seed, cfg.framework) == (10, 30, 5, 0, "auto")
+    assert (cfg.warmup, cfg.iters, cfg.rounds, cfg.seed, cfg.framework) == (10, 30, 30, 0, "auto")
     assert cfg.out_dir == Path("bench-results") and cfg.plot
 
 

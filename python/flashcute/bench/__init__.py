@@ -6,7 +6,8 @@ At every point of a grid (dtype x head dim x causal x seqlen; FlashAttention's s
    :func:`flashcute.testing.check_attention` (on batch 0 and two heads when the problem is large);
    a wrong flashcute result makes the exit code 3, and the other points still run;
 2. times flashcute and torch SDPA's flash, cuDNN and memory-efficient backends in the same
-   process, on the same inputs: CUDA-event medians of individually timed calls after a warm-up;
+   process, on the same inputs: CUDA-event medians of individually timed calls after a warm-up,
+   the implementations taken in turns (``--rounds``) so that all see the GPU's clocks alike;
 3. reports TFLOP/s (FlashAttention's count: 4*B*H*Sq*Sk*D, halved when causal) in a log line per
    point, a table, a CSV, a JSON file (GPU, versions, date, every timing), a PNG plot, and a final
    line starting ``flashcute.bench summary [GPU]:``.

@@ -100,9 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument(
         "--rounds",
         type=int,
-        default=5,
+        default=30,
         help="the implementations are timed in turns, this many rounds of iters/rounds calls each, so that "
-        "all of them see the GPU's clocks at the same moments (default 5; 1: one after the other)",
+        "all of them see the GPU's clocks at the same moments (default 30: with the default iters, one timed "
+        "call each per round; 1: one implementation after the other)",
     )
     t.add_argument(
         "--impls", type=_impl_list, default=list(DEFAULT_IMPLS),

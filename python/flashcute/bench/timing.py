@@ -1,8 +1,9 @@
 """The one timer every implementation is measured with.
 
 CUDA events on the current stream around each call, after untimed warm-up calls; the median of the
-individually timed calls is reported. All calls are queued before a single synchronisation, so the
-host stays ahead of the GPU for all but the tiniest problems. When one set of inputs would sit in
+individually timed calls is reported. The calls of one turn (time_calls) are queued before a single
+synchronisation, so the host stays ahead of the GPU for all but the tiniest problems; run.py takes
+the implementations in turns of such calls. When one set of inputs would sit in
 L2, the calls rotate through several sets so that no timed call starts with a warm cache.
 """
 
