@@ -7,8 +7,10 @@ by call; the SM clock and power sampled every 50 ms by nvidia-smi over each phas
 
 Needs torch with CUDA, cuDNN's SDPA backend, and flashcute built with head dim 128.
 """
-import statistics, subprocess, time, sys, csv, io
+import statistics, subprocess, time, sys
 import torch, flashcute
+from flashcute.bench.arrays import TorchLib
+from flashcute.bench.timing import time_calls
 from torch.nn.attention import SDPBackend, sdpa_kernel
 import torch.nn.functional as F
 
@@ -23,12 +25,9 @@ def cud():
         return F.scaled_dot_product_attention(qt, kt, vt)
 smi = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw", "--format=csv,noheader,nounits",
                         "-lms", "50"], stdout=subprocess.PIPE, text=True)
-def timed(fn, n):
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
-    for a, e in ev:
-        a.record(); fn(); e.record()
-    torch.cuda.synchronize()
-    return [a.elapsed_time(e) for a, e in ev]
+clock = TorchLib(torch)
+def timed(fn, n):  # n back-to-back calls, each between its own events (the bench's timer)
+    return time_calls(clock, [fn], 0, n)
 phases = []
 for fn in (fc, cud):
     for _ in range(10): fn()
