@@ -1,6 +1,5 @@
-// flashcute/sm90/epilogue_fwd.hpp: the sm90a forward kernel's epilogue: one consumer warpgroup's
-// 64 rows of a tile finalised (the softmax's normalisation and lse), O stored in one of the three
-// ways the configs choose, and the lse stored.
+// flashcute/sm90/epilogue_fwd.hpp: the sm90a forward kernel's O store (one consumer warpgroup's
+// 64 rows of a tile, normalised and converted), in the three ways its configs choose.
 #pragma once
 
 #include <cstdint>
@@ -8,12 +7,10 @@
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 
-#include "flashcute/common/fragment.hpp"
 #include "flashcute/common/params.hpp"
 #include "flashcute/common/store.hpp"
 #include "flashcute/sm90/config.hpp"
 #include "flashcute/sm90/gmma.hpp"
-#include "flashcute/sm90/pipeline.hpp"
 
 namespace flashcute::sm90 {
 
@@ -43,10 +40,10 @@ CUTE_DEVICE void store_o(typename Traits::SharedStorage& storage, TiledMmaPV con
     Tensor taccOrO = smem_thr_copy_o.retile_S(rO);     // (CPY,MMA_M,MMA_D)
     Tensor taccOsO = smem_thr_copy_o.partition_D(sO);  // (CPY,CPY_M,CPY_D)
     // Every thread of this warpgroup has read its rows of the previous tile's O.
-    cutlass::arch::NamedBarrier::sync(128, NamedBarriers::kWarpgroup + wg);
+    cutlass::arch::NamedBarrier::sync(128, 2 + wg);
     copy(smem_copy_o, taccOrO, taccOsO);
     // The rows are all written before threads read rows that other warps wrote.
-    cutlass::arch::NamedBarrier::sync(128, NamedBarriers::kWarpgroup + wg);
+    cutlass::arch::NamedBarrier::sync(128, 2 + wg);
     using TileO = Shape<Int<64>, Int<kHeadDim>>;
     const int row0 = m0 + 64 * wg;
     Tensor gO = make_tensor(make_gmem_ptr(o_tile + int64_t(row0) * params.o_row_stride), TileO{},
@@ -77,11 +74,11 @@ CUTE_DEVICE void store_o(typename Traits::SharedStorage& storage, TiledMmaPV con
         Element* region = storage.v.data() + v_stage * (kHeadDim * kBlockN) + wg * kRegion;
         const int wg_tid = mma_tid % 128;
         // Both warpgroups' last P V have read this V buffer: only now may either overwrite it.
-        cutlass::arch::NamedBarrier::sync(256, NamedBarriers::kVBufferFree);
+        cutlass::arch::NamedBarrier::sync(256, 5);
         CUTE_UNROLL
         for (int pass = 0; pass < kHeadDim / kPassCols; ++pass) {
           // Every thread of this warpgroup has read the previous pass back.
-          if (pass > 0) cutlass::arch::NamedBarrier::sync(128, NamedBarriers::kWarpgroup + wg);
+          if (pass > 0) cutlass::arch::NamedBarrier::sync(128, 2 + wg);
           CUTE_UNROLL
           for (int r = 0; r < size<0>(rO_rc); ++r) {
             const int row = get<0>(tOcO_rc(r, 0)) - 64 * wg;  // in [0, 64)
@@ -95,7 +92,7 @@ CUTE_DEVICE void store_o(typename Traits::SharedStorage& storage, TiledMmaPV con
             }
           }
           // The pass is written before threads read rows that other warps wrote.
-          cutlass::arch::NamedBarrier::sync(128, NamedBarriers::kWarpgroup + wg);
+          cutlass::arch::NamedBarrier::sync(128, 2 + wg);
           CUTE_UNROLL
           for (int it = 0; it < 64 * kChunks / 128; ++it) {
             const int idx = it * 128 + wg_tid;
@@ -135,38 +132,5 @@ CUTE_DEVICE void store_o(typename Traits::SharedStorage& storage, TiledMmaPV con
     }
   }
 }
-
-// The epilogue of one consumer warpgroup's rows of a tile: O normalised by the softmax's row
-// sums and stored (store_o), then each row's lse (-inf for a row that saw no key).
-template <class Traits>
-struct FwdEpilogue {
-  using Element = typename Traits::Element;
-  FwdParams const& params;
-  typename Traits::SharedStorage& storage;
-  int wg, mma_tid;
-
-  // acc_o: the P V accumulator ((2,2,D/8),MMA_M,MMA_D), acc_o_rc its row/col view, tOcO_rc their
-  // coordinates; v_stage: the V buffer O may be staged in (config o_via_v), or -1 for none.
-  template <class Softmax, class TiledMmaPV, class AccO, class AccORc, class CoordsO>
-  CUTE_DEVICE void store(Softmax& softmax, TiledMmaPV const& mma_pv, AccO const& acc_o, AccORc& acc_o_rc,
-                         CoordsO const& tOcO_rc, int m_block, int head, int batch, int v_stage) const {
-    using namespace cute;
-    constexpr int kRows = decltype(size<0>(acc_o_rc))::value;
-    const int m0 = m_block * Traits::kBlockM;
-    float lse[kRows];
-    softmax.finalize(acc_o_rc, lse);
-    Tensor rO = convert_fragment<Element>(acc_o);  // ((2,2,D/8),MMA_M,MMA_D)
-    auto* o_tile = static_cast<Element*>(params.o) + batch * params.o_batch_stride + head * params.o_head_stride;
-    store_o<Traits>(storage, mma_pv, rO, tOcO_rc, o_tile, params, m0, wg, mma_tid, v_stage);
-    if (params.lse != nullptr && get<1>(tOcO_rc(0, 0)) == 0) {  // one thread of each row's quad
-      float* lse_ptr = params.lse + batch * params.lse_batch_stride + head * params.lse_head_stride;
-      CUTE_UNROLL
-      for (int r = 0; r < kRows; ++r) {
-        const int row = m0 + get<0>(tOcO_rc(r, 0));
-        if (row < params.seqlen_q) lse_ptr[row] = lse[r];
-      }
-    }
-  }
-};
 
 }  // namespace flashcute::sm90

@@ -77,16 +77,12 @@ struct TileSchedule {
   };
 
   CUTE_HOST_DEVICE bool in_tail(unsigned u) const { return tail_tiles > 0 && u >= tail_begin; }
-  // The position after (u, j) on a grid of `grid` CTAs (the kernel passes gridDim.x).
-  CUTE_HOST_DEVICE void next(unsigned& u, unsigned& j, unsigned grid) const {
-    if (in_tail(u) || ++j == (pair_tiles ? 2u : 1u)) j = 0, u += grid;
+  CUTE_HOST_DEVICE void next(unsigned& u, unsigned& j) const {
+    if (in_tail(u) || ++j == (pair_tiles ? 2u : 1u)) j = 0, u += ctas;
   }
-  CUTE_HOST_DEVICE void next(unsigned& u, unsigned& j) const { next(u, j, ctas); }
-  // The tile at (u, j), with the unit count per (batch, head) passed in (unit_tile says why).
-  CUTE_HOST_DEVICE Tile at(unsigned u, unsigned j, unsigned cta, unsigned m_blocks_, unsigned unit_m_) const {
-    return in_tail(u) ? tail_at(u, cta) : unit_tile(unit_at(u), j, m_blocks_, unit_m_, div_unit_m);
+  CUTE_HOST_DEVICE Tile at(unsigned u, unsigned j, unsigned cta) const {
+    return in_tail(u) ? tail_at(u, cta) : unit_tile(unit_at(u), j, m_blocks, unit_m, div_unit_m);
   }
-  CUTE_HOST_DEVICE Tile at(unsigned u, unsigned j, unsigned cta) const { return at(u, j, cta, m_blocks, unit_m); }
 
   // The unit at position u before the tail. With a tail, round i's units go to the CTAs rotated
   // by i: pairs of tiles cost the same only up to a key block (block_n need not divide block_m),
@@ -143,40 +139,6 @@ struct TileSchedule {
       tile.hb = tail_b0 + 1 + r - i * tail_full;
     }
   }
-};
-
-// One CTA's walk through a launch's TileSchedule, as the kernel runs it: positions from
-// (blockIdx.x, 0), each tile's (batch, head) decoded. m_blocks and the end are the kernel's own
-// copies, computed from the problem's shape (unit_tile says why), and the grid is gridDim.x.
-struct TileWalk {
-  struct Position {
-    unsigned u, j;
-  };
-  struct Work {
-    bool valid;  // false: a position that holds no tile (TileSchedule)
-    int m_block, head, batch;
-  };
-  TileSchedule const& schedule;
-  FastDiv const& div_heads;  // by nheads
-  unsigned nheads, m_blocks, unit_m, end;
-
-  CUTE_HOST_DEVICE TileWalk(TileSchedule const& s, FastDiv const& div_heads_, int seqlen_q, int block_m, int nheads_,
-                            int batch)
-      : schedule(s), div_heads(div_heads_), nheads(unsigned(nheads_)) {
-    m_blocks = unsigned((seqlen_q + block_m - 1) / block_m);
-    unit_m = s.pair_tiles ? (m_blocks + 1) / 2 : m_blocks;
-    // (Read as s.end alone, the bound made ptxas spill at d 256, whose consumers have no register
-    // to spare; computed here from the shape, it does not.)
-    end = s.tail_tiles > 0 ? s.end : unit_m * nheads * unsigned(batch);
-  }
-  CUTE_DEVICE Position first() const { return {blockIdx.x, 0}; }
-  CUTE_DEVICE void next(Position& p) const { schedule.next(p.u, p.j, gridDim.x); }
-  CUTE_DEVICE Work at(Position p) const {
-    const TileSchedule::Tile w = schedule.at(p.u, p.j, blockIdx.x, m_blocks, unit_m);
-    const unsigned batch = div_heads(w.hb);
-    return {w.valid, w.m_block, int(w.hb - batch * nheads), int(batch)};
-  }
-  CUTE_HOST_DEVICE bool done(Position p) const { return p.u >= end; }
 };
 
 // The walk without a tail: every unit round-robin on `ctas` CTAs.
