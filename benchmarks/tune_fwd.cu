@@ -10,7 +10,8 @@
 // Each config's output is compared with the default config's (max |diff|), so a
 // broken variant shows up as a large difference, not as a fast time.
 // -DTUNE_ONLY_DEFAULT times only the default config: one reference launch per problem,
-// then 3 warm-ups and 20 timed ones, for `ncu --launch-skip/--launch-count` (perf-notes v8).
+// then 3 warm-ups and 20 timed ones, for `ncu --launch-skip/--launch-count` (how the sm80
+// kernels' ncu profiles were taken; docs/perf-notes.md, sm80 forward).
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>

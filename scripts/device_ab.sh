@@ -72,7 +72,7 @@ bench() {  # bench REP
   done
 }
 # Each test gets PYTEST_TIMEOUT seconds (pytest-timeout, which the device has): a variant whose
-# kernel hangs then fails one test instead of taking the whole call (perf-notes v63).
+# kernel hangs then fails one test instead of taking the whole call (a hung A/B once cost a call).
 [[ -n "${PYTEST:-}" ]] && PYTHONPATH="$WORK/pkg_A" python3 -m pytest --timeout="${PYTEST_TIMEOUT:-120}" \
   --timeout-method=thread $PYTEST -q -rs 2>&1 | tail -25
 bench 1

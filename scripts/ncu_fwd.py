@@ -7,7 +7,7 @@ steady-state kernel:
         python3 scripts/ncu_fwd.py --impls flashcute,cudnn --shapes 128:full:1024,256:causal:1024
 
 Shapes are HEADDIM:{full,causal}:SEQLEN on FlashAttention's grid (batch = 16384 // seqlen,
-heads = 2048 // headdim), bf16. docs/perf-notes.md v31 used the default list.
+heads = 2048 // headdim), bf16. The sm90 profiles in docs/perf-notes.md started from the default list.
 """
 
 from __future__ import annotations

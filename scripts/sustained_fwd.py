@@ -1,7 +1,8 @@
 """flashcute against SDPA's cuDNN backend at one point, d 128 without a mask at 16k (b 1, h 16), timed
 three ways on one GPU: 300 back-to-back calls of one implementation (about 1 s of sustained load:
 clocks settle at what the power limit allows), twice each in turn, then the two interleaved call
-by call; the SM clock and power sampled every 50 ms by nvidia-smi over each phase (perf-notes v70).
+by call; the SM clock and power sampled every 50 ms by nvidia-smi over each phase (docs/perf-notes.md,
+benchmark method: why in-turns timing reads higher than sustained load).
 
     python3 scripts/sustained_fwd.py [bf16|fp16]
 

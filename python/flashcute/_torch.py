@@ -98,7 +98,7 @@ def _launch_context(device: torch.device, stream: Optional[int], current: int) -
 # flashcute::fwd_lse returns (out, lse). They are defined with the low-level torch.library.Library
 # and a CUDA kernel, not with torch.library.custom_op: custom_op wraps every call in Python
 # autograd and device dispatch layers, which cost 30 us a call under torch.compile on an H100
-# (docs/perf-notes.md, v18). The fake implementations make them traceable.
+# (docs/perf-notes.md, host overhead). The fake implementations make them traceable.
 _SCHEMA_ARGS = ("Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal, SymInt window_left, "
                 "SymInt window_right, float softcap")
 _lib = torch.library.Library("flashcute", "DEF")

@@ -327,7 +327,7 @@ def test_row_maxima_that_grow_across_key_blocks(torch, require_kernel, d, rate, 
     toward the last in head 1, so that a row's running maximum grows block after block in whichever
     order a kernel walks them: by 1.4, 7.2 or 17 in log2 units a block, below and above the 2^8
     that the sm90 kernel lets the probabilities reach before it moves the maximum and rescales O
-    (perf-notes v51). Random inputs never get there: their row maxima settle in the first block."""
+    (the lazy rescale). Random inputs never get there: their row maxima settle in the first block."""
     dtype = "bfloat16" if rate != 5.0 else "float16"
     require_kernel(dtype, d)
     sq, sk, h = 1000, 1000, 2

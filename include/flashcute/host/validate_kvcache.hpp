@@ -58,8 +58,8 @@ using ::flashcute::device_sms;  // common/launch.hpp
 // every SM streaming keys. The model: `ctas` CTAs of n_blocks key blocks on `slots` SMs; s splits
 // take ceil(ctas * s / slots) waves of ceil(n_blocks / s) blocks, plus about a block's worth of
 // fixed cost per split (prologue, partial store, combine). The smallest s with the least modelled
-// time wins. One CTA per SM, not the two that fit: on the H100 (perf-notes v22) one CTA per SM
-// already streams at copy speed, and every split beyond that cost 2-8%.
+// time wins. One CTA per SM, not the two that fit: measured on the H100, one CTA per SM already
+// streams at copy speed, and every split beyond that cost 2-8% (docs/perf-notes.md, decode).
 constexpr int choose_num_splits(int64_t ctas, int64_t n_blocks, int64_t slots) {
   if (ctas <= 0 || n_blocks <= 1 || slots <= 0) return 1;
   const int64_t max_splits = n_blocks < kMaxNumSplits ? n_blocks : kMaxNumSplits;

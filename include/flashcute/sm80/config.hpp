@@ -18,7 +18,7 @@ struct FwdConfig {
   int min_ctas_per_sm = 1;  // __launch_bounds__ occupancy hint
   // Refill K/V without a branch around the load (predicated rows instead). Lets the
   // scheduler move the loads freely; costs registers, so it pays only where they are
-  // not the limit (perf-notes v5).
+  // not the limit (+3% at d 128, -7% at d 64 from spills; docs/perf-notes.md, sm80 forward).
   bool branch_free_refill = true;
   // Keep each warp's Q rows in registers for the whole main loop instead of re-reading them
   // from shared memory for every Q K^T: a third less ldmatrix traffic in Q K^T, for
@@ -26,7 +26,7 @@ struct FwdConfig {
   bool q_in_regs = false;
   // Run the key blocks that every row of the tile sees in full in a loop of their own, with
   // no mask code (and no branch for it), instead of one loop whose every step checks. A second
-  // copy of the loop body: +1-2% where registers allow it (perf-notes v14).
+  // copy of the loop body: +1-2% where registers allow it, -3-4% at d 128 from spills.
   bool mask_split = false;
   // The KV-cache kernel (Direction::kSplitkv): a CTA takes its key blocks from one of
   // params.num_splits ranges and writes float32 partials when there are several; K and V may be
@@ -59,15 +59,16 @@ constexpr const char* validate(FwdConfig cfg) {
 // The tile table: the config each kernel head dim is built with. 0 head_dim: no config.
 constexpr FwdConfig default_fwd_config(int head_dim) {
   switch (head_dim) {
-    // Q in registers: +2-3% (perf-notes v9).
+    // Q in registers: a third less ldmatrix traffic in Q K^T, measured +2-3% at d 32 and 64.
     case 32: return {.head_dim = 32, .block_m = 128, .block_n = 128, .num_warps = 4, .branch_free_refill = false,
                      .q_in_regs = true};
-    // No spills (v7); Q in registers (v9); split loop (v14).
+    // 128 x 64: ties 128 x 128 with no spills; Q in registers (+2-3%); split loop (+1.5-2%).
     case 64: return {.head_dim = 64, .block_m = 128, .block_n = 64, .num_warps = 4, .q_in_regs = true,
                      .mask_split = true};
     case 96: return {.head_dim = 96, .block_m = 128, .block_n = 64, .num_warps = 4};
     case 128: return {.head_dim = 128, .block_m = 128, .block_n = 64, .num_warps = 4};
-    // 2 CTAs/SM; beats (128, 64, 8) up to 4k on the H200 (perf-notes v4); split loop (v14).
+    // 2 CTAs/SM; beats (128, 64, 8) up to 4k on the H200 once the loads are branch-free;
+    // split loop (+1%). docs/perf-notes.md, sm80 forward, has the measurements.
     case 192: return {.head_dim = 192, .block_m = 64, .block_n = 64, .num_warps = 4, .mask_split = true};
     case 256: return {.head_dim = 256, .block_m = 64, .block_n = 64, .num_warps = 4, .mask_split = true};
     default: return {.head_dim = 0, .block_m = 0, .block_n = 0, .num_warps = 0};

@@ -3,7 +3,7 @@
 // The backward runs as three kernels (sm80/kernel_bwd.hpp): a preprocess that computes
 // D = rowsum(dout * out), a key-block kernel that computes dk and dv, and a query-block kernel
 // that computes dq. Neither writes what another CTA writes, so the result needs no atomics and is
-// the same bits on every run (docs/perf-notes.md, v19, has the reasoning and the cost).
+// the same bits on every run (docs/perf-notes.md, sm80 backward, has the reasoning and the cost).
 // One BwdConfig describes both main kernels; validate_bwd() lists its rules and
 // default_bwd_config() is the tile table.
 #pragma once
@@ -69,14 +69,14 @@ constexpr const char* validate_bwd(BwdConfig cfg) {
 constexpr BwdConfig default_bwd_config(int head_dim) {
   switch (head_dim) {
     case 32: return {.head_dim = 32, .kv_warps = 8, .kv_block_m = 64, .q_warps = 4, .q_block_n = 128};
-    // 4 dk/dv warps: two or more CTAs per SM, 8-13% less dk/dv time than 8 (perf-notes v21).
+    // 4 dk/dv warps: two or more CTAs per SM, the backward 7-13% faster than with 8.
     case 64: return {.head_dim = 64, .kv_warps = 4, .kv_block_m = 64, .q_warps = 4, .q_block_n = 128};
     case 96: return {.head_dim = 96, .kv_warps = 8, .kv_block_m = 64, .q_warps = 4, .q_block_n = 64};
-    // 4 dk/dv warps (64 keys, 96 KB): two CTAs per SM, 10% less dk/dv time than 8 (perf-notes v21).
+    // 4 dk/dv warps (64 keys, 96 KB): two CTAs per SM, 10% less dk/dv time than 8 (H100, 16k).
     case 128: return {.head_dim = 128, .kv_warps = 4, .kv_block_m = 64, .q_warps = 4, .q_block_n = 64};
     // d_split 3, not 2: a 96-column part would straddle the 64-column shared-memory row atoms.
     case 192: return {.head_dim = 192, .kv_warps = 4, .kv_block_m = 64, .d_split = 3, .q_warps = 4, .q_block_n = 64};
-    // dq: 8 warps (128 queries) over 32-key blocks, 4-10% less dq time than 4 warps over 64 (v21).
+    // dq: 8 warps (128 queries) over 32-key blocks, 4-10% less dq time than 4 warps over 64.
     case 256: return {.head_dim = 256, .kv_warps = 4, .kv_block_m = 64, .d_split = 2, .q_warps = 8, .q_block_n = 32};
     default: return {.head_dim = 0, .kv_warps = 0, .kv_block_m = 0, .q_warps = 0, .q_block_n = 0};
   }

@@ -11,7 +11,7 @@
 //   bwd_dq_kernel    one CTA per query block: walks its key blocks like the forward does and
 //                    accumulates dQ in registers.
 // Every output element is written by exactly one CTA: no atomics, no zero-fill pass, and the same
-// bits on every run. The price is S and dP computed twice (docs/perf-notes.md, v19).
+// bits on every run. The price is S and dP computed twice (docs/perf-notes.md, sm80 backward).
 #pragma once
 
 #include <cute/tensor.hpp>
