@@ -122,10 +122,10 @@ def _geomean(xs: Sequence[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
 
-def summary_line(results: Sequence[PointResult], gpu: str) -> str:
-    """One greppable line: how many points flashcute got right, then min/geomean of flashcute over
-    SDPA flash and cuDNN for seqlen >= 1k and < 1k. A wrong result's speed is no result: failed
-    points are left out of the ratios."""
+def summary_line(results: Sequence[PointResult], gpu: str, timing: str) -> str:
+    """One greppable line, "flashcute.bench summary [GPU, <timing>]: ...": how many points flashcute
+    got right, then min/geomean of flashcute over SDPA flash and cuDNN for seqlen >= 1k and < 1k. `timing` names the timing that produced the numbers ("standard
+    timing"). A wrong result's speed is no result: failed points are left out of the ratios."""
     ran = [pr.subject for pr in results if pr.subject is not None]
     checked = sum(r.status in (OK, FAIL, ERROR) for r in ran)
     failed = sum(pr.failed for pr in results)
@@ -145,4 +145,4 @@ def summary_line(results: Sequence[PointResult], gpu: str) -> str:
                 )
     if len(parts) == 1:
         parts.append("no SDPA comparison")
-    return f"{PROG} summary [{gpu}]: " + "; ".join(parts)
+    return f"{PROG} summary [{gpu}, {timing}]: " + "; ".join(parts)
