@@ -26,7 +26,7 @@ import pytest
 from flashcute.bench.arrays import ArrayLib, DeviceInfo, Inputs
 from flashcute.bench.check import check_slice
 from flashcute.bench.grid import Point, attention_flops, build_grid, tflops
-from flashcute.bench.impls import DEFAULT_IMPLS, IMPLS, Flashcute, Impl, Runner
+from flashcute.bench.impls import DEFAULT_IMPLS, IMPLS, FlashAttn4, Flashcute, Impl, Runner
 from flashcute.bench.results import ImplResult, PointResult
 import flashcute.bench.run as run_mod
 from flashcute.bench.run import run_point
@@ -83,7 +83,7 @@ def test_defaults_are_the_fa_grid():
     assert g.causals == (False, True)
     assert g.dtypes == ("bf16",)
     assert (g.batch, g.nheads, g.nheads_k) == (None, None, None)
-    assert cfg.impls == ("flashcute", "flashcute-sm80", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient")
+    assert cfg.impls == ("flashcute", "flashcute-sm80", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "fa4")
     assert cfg.impls == DEFAULT_IMPLS
     assert set(IMPLS) == {*DEFAULT_IMPLS, "flashcute-base"}
     # The standard timing by default: 10 warm-up calls, 30 timed calls (15 a pass).
@@ -465,6 +465,7 @@ def fake_gpu(monkeypatch):
     flash_attn_func that computes correct attention."""
     lib = NumpyLib.load()
     monkeypatch.lib = lib  # the tests read its log
+    monkeypatch.setitem(IMPLS, "fa4", FlashAttn4())  # a fresh one: whether it imports is not cached across tests
     monkeypatch.setattr(flashcute._C, "cuda_device_count", lambda: 1)
     monkeypatch.setattr(flashcute._C, "cuda_status", lambda: "ok")
     monkeypatch.setattr(cli, "select_array_lib", lambda framework: lib)
@@ -539,6 +540,85 @@ def test_main_exit_code_3_when_flashcute_is_wrong_and_the_run_goes_on(fake_gpu, 
     assert "summary [Fake GPU, standard timing]: 0/4 points correct (4 n/a)" in out
 
 
+def _no_fa4(monkeypatch) -> None:
+    """flash_attn.cute does not import (an import of a module whose sys.modules entry is None fails)."""
+    monkeypatch.setitem(sys.modules, "flash_attn", None)
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", None)
+
+
+def _fake_fa4(monkeypatch, fn: Any) -> None:
+    """A flash_attn.cute module whose flash_attn_func is `fn`."""
+    pkg, cute = types.ModuleType("flash_attn"), types.ModuleType("flash_attn.cute")
+    cute.flash_attn_func = fn  # type: ignore[attr-defined]
+    pkg.cute = cute  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "flash_attn", pkg)
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", cute)
+
+
+def test_main_without_fa4_skips_it_in_one_line(fake_gpu, capsys, tmp_path):
+    _no_fa4(fake_gpu)
+    rc = cli.main(SMALL_RUN.replace("--impls flashcute,sdpa-flash,sdpa-cudnn", "--impls flashcute,fa4").split()
+                  + ["--out-dir", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert rc == 0, out + err
+    lines = [ln for ln in err.splitlines() if "fa4" in ln]
+    assert lines == ["flashcute.bench: fa4 skipped: flash_attn.cute is not importable (ModuleNotFoundError: "
+                     "import of flash_attn.cute halted; None in sys.modules)"]
+    assert "is in use, so only" not in err  # fa4 was left out for its import, not for the array library
+    assert "impls flashcute\n" in out
+    assert not [ln for ln in out.splitlines() if "fa4" in ln and " wrote " not in ln]  # (tmp_path has "fa4")
+    (csv_path,) = tmp_path.glob("bench-*.csv")
+    assert {r["impl"] for r in csv.DictReader(csv_path.open())} == {"flashcute"}
+
+
+def test_main_with_only_fa4_missing_is_a_usage_error(fake_gpu, capsys, tmp_path):
+    _no_fa4(fake_gpu)
+    assert cli.main(["--impls", "fa4", "--out-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "fa4 skipped: flash_attn.cute is not importable" in err and "none of --impls fa4 can run" in err
+
+
+def test_fa4_is_timed_like_a_peer_after_its_jit_compile(monkeypatch):
+    """prepare makes the first call (FlashAttention-4 compiles each configuration on it), the output
+    is the first of (out, lse), and the calls are timed like any other implementation's."""
+    calls: list[dict[str, Any]] = []
+
+    def fa4_func(q: Any, k: Any, v: Any, softmax_scale: float, causal: bool) -> Any:
+        calls.append({"softmax_scale": softmax_scale, "causal": causal})
+        return naive_attention(q, k, v, softmax_scale=softmax_scale, causal=causal), "lse"
+
+    _fake_fa4(monkeypatch, fa4_func)
+    fa4 = FlashAttn4()
+    assert fa4.missing() is None and fa4.supports("torch", "fwd+bwd") and not fa4.supports("cupy")
+    lib = NumpyLib.load()
+    point = Point("fp16", 8, True, 16, 1, 2, 2)
+    pr = run_point(lib, [FakeImpl("flashcute", naive_attention), fa4], point, seed=0, timing=Timing(STANDARD, 1, 2),
+                   l2_bytes=None, flush=lambda: None)
+    r = pr.impls["fa4"]
+    assert r.status == "ok" and r.check is not None and r.check.ok and r.times_ms == [0.5] * 2
+    # The compile call in prepare, the checked call, then per pass 1 warm-up and 1 timed call.
+    assert len(calls) == 1 + 1 + 2 * 2
+    assert calls[0] == {"softmax_scale": pytest.approx(8 ** -0.5), "causal": True}
+
+
+def test_fa4_that_refuses_a_point_is_n_a(monkeypatch):
+    _fake_fa4(monkeypatch, _raise(AssertionError("head_dim must be divisible by 8")))
+    pr = run_point(NumpyLib.load(), [FakeImpl("flashcute", naive_attention), FlashAttn4()],
+                   Point("fp16", 8, False, 16, 1, 2, 2), seed=0, timing=Timing(STANDARD, 0, 2), l2_bytes=None,
+                   flush=lambda: None)
+    assert pr.impls["fa4"].status == "n/a" and pr.impls["fa4"].note == "AssertionError: head_dim must be divisible by 8"
+    assert pr.impls["flashcute"].status == "ok" and not pr.failed
+
+
+def test_fa4_not_importable_is_unsupported_at_every_point(monkeypatch):
+    _no_fa4(monkeypatch)
+    fa4 = FlashAttn4()
+    assert fa4.missing().startswith("flash_attn.cute is not importable (ModuleNotFoundError")
+    pr = run_point(NumpyLib.load(), [fa4], Point("fp16", 8, False, 16, 1, 2, 2), seed=0,
+                   timing=Timing(STANDARD, 0, 2), l2_bytes=None, flush=lambda: None)
+    assert pr.impls["fa4"].status == "n/a" and "not importable" in pr.impls["fa4"].note
+
+
 def test_main_with_no_impl_for_the_library(fake_gpu, capsys, tmp_path):
     assert cli.main(["--impls", "sdpa-flash", "--out-dir", str(tmp_path)]) == 2
     assert "none of --impls sdpa-flash can run --pass fwd on numpy arrays" in capsys.readouterr().err
@@ -581,6 +661,32 @@ def test_summary_line_with_cudnn():
     assert line.endswith(
         "fc/flash seqlen>=1k: min 2.00x geomean 2.00x (1 pts); fc/cudnn seqlen>=1k: min 0.50x geomean 0.50x (1 pts)"
     )
+
+
+def test_fa4_is_compared_in_the_summary_and_the_table():
+    pr = _result(2048, 1.0, 2.0)
+    pr.impls["fa4"] = ImplResult("ok", [0.8])
+    line = report.summary_line([pr], "gpu", "standard timing")
+    assert line.endswith("fc/fa4 seqlen>=1k: min 0.80x geomean 0.80x (1 pts)")
+    header, rows = report.table_rows([pr], ["flashcute", "sdpa-flash", "fa4"])
+    assert header[6:] == ["flashcute TF/s", "sdpa-flash TF/s", "fa4 TF/s", "fc/flash", "fc/fa4", "check"]
+    assert rows[0][header.index("fc/fa4")] == "0.80"
+
+
+def test_point_line_and_table():
+    ok, bad = _result(1024, 1.0, 2.0), _result(2048, 4.0, None, passed=False)
+    line = report.point_line(ok, ["flashcute", "sdpa-flash"])
+    assert line == "bf16 d=128 full s=1024 b=16 h=16: flashcute 137.4, sdpa-flash 68.7  [check pass 1.0e-03<=2.0e-02]"
+    line = report.point_line(bad, ["flashcute", "sdpa-flash"])
+    assert "(fail: out: max error nan" in line and "sdpa-flash n/a" in line
+    assert line.endswith("[check FAIL nan<=2.0e-02]")
+
+    header, rows = report.table_rows([ok, bad], ["flashcute", "sdpa-flash"])
+    assert header[:6] == ["dtype", "d", "causal", "seqlen", "batch", "heads"]
+    assert header[6:] == ["flashcute TF/s", "sdpa-flash TF/s", "fc/flash", "check"]
+    assert rows[0][header.index("fc/flash")] == "2.00"
+    assert rows[1][header.index("sdpa-flash TF/s")] == "n/a"
+    assert rows[1][-1].startswith("FAIL")
 
 
 def test_plain_console_table(capsys):

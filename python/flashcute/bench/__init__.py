@@ -5,8 +5,8 @@ At every point of a grid (dtype x head dim x causal x seqlen; FlashAttention's s
 1. checks each implementation's output with the project's shared reference and rule,
    :func:`flashcute.testing.check_attention` (on batch 0 and two heads when the problem is large);
    a wrong flashcute result makes the exit code 3, and the other points still run;
-2. times flashcute and torch SDPA's flash, cuDNN and memory-efficient backends in the same
-   process, on the same inputs, by the standard timing
+2. times flashcute, torch SDPA's flash, cuDNN and memory-efficient backends and, when it imports,
+   FlashAttention-4 (``fa4``) in the same process, on the same inputs, by the standard timing
    (:mod:`.timing`): per implementation a warm-up, then back-to-back calls each between CUDA
    events with L2 flushed between them, the implementations in order and then in reverse, the
    median of the timed calls; ``--timing turns`` takes them in turns instead;

@@ -295,7 +295,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ValueError as exc:
             raise BenchExit(EXIT_USAGE, str(exc)) from None
         lib, device = find_device(cfg.framework)
-        impls = [IMPLS[name] for name in cfg.impls if IMPLS[name].supports(lib.name, cfg.grid.pass_)]
+        missing = {name: why for name in cfg.impls if (why := IMPLS[name].missing())}
+        for name, why in missing.items():  # an optional peer whose package is not there: one line
+            print(f"{PROG}: {name} skipped: {why}", file=sys.stderr)
+        wanted = [IMPLS[name] for name in cfg.impls if name not in missing]
+        impls = [impl for impl in wanted if impl.supports(lib.name, cfg.grid.pass_)]
         if not impls:
             raise BenchExit(
                 EXIT_USAGE, f"none of --impls {_csv(cfg.impls)} can run --pass {cfg.grid.pass_} on {lib.name} arrays"
@@ -304,7 +308,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return exc.code
     names = [impl.name for impl in impls]
-    if len(names) < len(cfg.impls):
+    if len(names) < len(wanted):
         print(f"{PROG}: {lib.name} is in use, so only {_csv(names)} can be timed", file=sys.stderr)
 
     console = Console()

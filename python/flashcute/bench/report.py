@@ -16,7 +16,7 @@ from .impls import SUBJECT
 from .results import ERROR, FAIL, NOT_AVAILABLE, OK, ImplResult, PointResult
 
 PROG = "flashcute.bench"
-RATIO_BASES = ("sdpa-flash", "sdpa-cudnn")  # the table and the summary compare flashcute with these
+RATIO_BASES = ("sdpa-flash", "sdpa-cudnn", "fa4")  # the table and the summary compare flashcute with these
 LOG_WIDTH = 240  # columns off a terminal: wide enough for the table, so nothing wraps
 
 
@@ -99,7 +99,8 @@ def _ratio_bases(impls: Sequence[str]) -> list[str]:
 
 
 def _ratio_label(base: str) -> str:
-    return "fc/" + base[len("sdpa-") :]
+    """"fc/flash" for sdpa-flash, "fc/fa4" for fa4."""
+    return "fc/" + base.removeprefix("sdpa-")
 
 
 def table_rows(results: Sequence[PointResult], impls: Sequence[str]) -> tuple[list[str], list[list[str]]]:
@@ -124,7 +125,8 @@ def _geomean(xs: Sequence[float]) -> float:
 
 def summary_line(results: Sequence[PointResult], gpu: str, timing: str) -> str:
     """One greppable line, "flashcute.bench summary [GPU, <timing>]: ...": how many points flashcute
-    got right, then min/geomean of flashcute over SDPA flash and cuDNN for seqlen >= 1k and < 1k. `timing` names the timing that produced the numbers ("standard
+    got right, then min/geomean of flashcute over SDPA flash, cuDNN and FlashAttention-4 (those that
+    ran) for seqlen >= 1k and < 1k. `timing` names the timing that produced the numbers ("standard
     timing"). A wrong result's speed is no result: failed points are left out of the ratios."""
     ran = [pr.subject for pr in results if pr.subject is not None]
     checked = sum(r.status in (OK, FAIL, ERROR) for r in ran)
