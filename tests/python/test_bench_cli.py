@@ -821,14 +821,27 @@ def test_decode_mode_parses_and_needs_torch_with_a_gpu(monkeypatch, capsys, tmp_
     a = decode.build_parser().parse_args(["--batches", "1,64", "--heads", "32:8", "--eager", "--page", "256"])
     assert a.batches == [1, 64] and a.heads == [(32, 8)] and a.graph is False and a.page == 256
     assert decode.build_parser().parse_args([]).graph is True  # CUDA-graph replays by default
+    parser = decode.build_parser()
+    assert decode.parse_timing(parser, parser.parse_args([])) == Timing(STANDARD, 5, 20)
+    turns = parser.parse_args(["--timing", "turns", "--rounds", "4", "--iters", "8"])
+    assert decode.parse_timing(parser, turns) == Timing(TURNS, 5, 8, 4)
     monkeypatch.setitem(sys.modules, "torch", None)
     assert cli.main(["decode", "--out-dir", str(tmp_path)]) == 1
     assert "needs torch with a CUDA device" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("argv", [["--rounds", "2"], ["--timing", "turns", "--rounds", "0"], ["--iters", "0"]])
+def test_decode_timing_usage_errors(argv, capsys):
+    # decode's --rounds once meant "best of this many medians"; it now means what the forward's does.
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["decode", *argv])
+    assert exc.value.code == 2
+    assert "error: --" in capsys.readouterr().err
+
+
 def test_python_dash_m_decode_help():
     proc = subprocess.run([sys.executable, "-m", "flashcute.bench", "decode", "--help"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-    assert "--page" in proc.stdout and "--graph" in proc.stdout
+    assert "--page" in proc.stdout and "--graph" in proc.stdout and "--timing" in proc.stdout
 
