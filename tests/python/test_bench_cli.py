@@ -845,3 +845,22 @@ def test_python_dash_m_decode_help():
     assert proc.returncode == 0, proc.stderr
     assert "--page" in proc.stdout and "--graph" in proc.stdout and "--timing" in proc.stdout
 
+
+# ------------------------------------------------------------------------------ benchmarks/bwd_speed
+
+
+def test_bwd_speed_is_the_bench_backward_pass_on_its_grid():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bwd_speed.py"
+    spec = importlib.util.spec_from_file_location("bwd_speed", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    cfg = cli.parse_args(mod.bench_argv([]))
+    assert cfg.grid.pass_ == "bwd" and cfg.grid.dtypes == ("bf16",)
+    assert cfg.grid.headdims == (64, 128, 256) and cfg.grid.seqlens == (1024, 4096, 16384)
+    assert cfg.impls == ("flashcute", "sdpa-flash", "sdpa-cudnn", "fa4")
+    assert cfg.timing == Timing(STANDARD, warmup=5, iters=20)
+    cfg = cli.parse_args(mod.bench_argv(["--pass", "fwd+bwd", "--dims", "128", "--timing", "turns", "--iters", "9"]))
+    assert cfg.grid.pass_ == "fwd+bwd" and cfg.grid.headdims == (128,)
+    assert cfg.timing == Timing(TURNS, warmup=5, iters=9, rounds=30)  # options after the grid's are passed on
