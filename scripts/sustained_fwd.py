@@ -4,6 +4,11 @@ clocks settle at what the power limit allows), twice each in turn, then the two 
 by call; the SM clock and power sampled every 50 ms by nvidia-smi over each phase (docs/perf-notes.md,
 benchmark method: why in-turns timing reads higher than sustained load).
 
+Its timing is its own, said in its first output line: the bench's timer (flashcute.bench.timing.time_calls,
+CUDA events around each call) after 10 warm-up calls of each at the start, with no warm-up within a
+phase and no L2 flush (q, k, v and out take 256 MiB, beyond any L2), so that the clocks' drift under
+load shows; its numbers are not the bench's standard timing and are not to be quoted as such.
+
     python3 scripts/sustained_fwd.py [bf16|fp16]
 
 Needs torch with CUDA, cuDNN's SDPA backend, and flashcute built with head dim 128.
@@ -52,6 +57,8 @@ for line in out.splitlines():
         samples.append((tt, float(clk), float(pw)))
     except Exception:
         pass
+print("timing: sustained_fwd (CUDA events around each call, no warm-up inside a phase, no L2 flush: 256 MiB of "
+      "q, k, v and out); not flashcute.bench's standard timing")
 print(dt, "TFLOP/s medians (first 50 calls / last 200 calls / all), mean SM MHz and W over the phase")
 for label, t0, t1, res in phases:
     sm = [x for x in samples if t0 <= x[0] <= t1]

@@ -2,7 +2,8 @@
 and timing flow on fake arrays, the reports and files, and the clear failure without a GPU.
 
 No GPU, torch or CuPy needed. The tests that run points use NumPy arrays through a fake array
-library (a NumPy "GPU" whose CUDA events always read 0.5 ms) and are skipped without NumPy.
+library (a NumPy "GPU" whose CUDA events always read 0.5 ms) and are skipped without NumPy. The
+timer's schedules on their own: test_bench_timing.py.
 """
 
 from __future__ import annotations
@@ -25,10 +26,11 @@ import pytest
 from flashcute.bench.arrays import ArrayLib, DeviceInfo, Inputs
 from flashcute.bench.check import check_slice
 from flashcute.bench.grid import Point, attention_flops, build_grid, tflops
-from flashcute.bench.impls import DEFAULT_IMPLS, IMPLS, Flashcute, Impl, Runner
+from flashcute.bench.impls import DEFAULT_IMPLS, IMPLS, FlashAttn4, Flashcute, Impl, Runner
 from flashcute.bench.results import ImplResult, PointResult
 import flashcute.bench.run as run_mod
 from flashcute.bench.run import run_point
+from flashcute.bench.timing import STANDARD, TURNS, Timing
 from flashcute.testing import Check
 
 MODULES = ("arrays", "check", "cli", "decode", "files", "grid", "impls", "report", "results", "run", "timing",
@@ -81,9 +83,12 @@ def test_defaults_are_the_fa_grid():
     assert g.causals == (False, True)
     assert g.dtypes == ("bf16",)
     assert (g.batch, g.nheads, g.nheads_k) == (None, None, None)
-    assert cfg.impls == ("flashcute", "flashcute-sm80", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient") == DEFAULT_IMPLS
+    assert cfg.impls == ("flashcute", "flashcute-sm80", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "fa4")
+    assert cfg.impls == DEFAULT_IMPLS
     assert set(IMPLS) == {*DEFAULT_IMPLS, "flashcute-base"}
-    assert (cfg.warmup, cfg.iters, cfg.rounds, cfg.seed, cfg.framework) == (10, 30, 30, 0, "auto")
+    # The standard timing by default: 10 warm-up calls, 30 timed calls (15 a pass).
+    assert cfg.timing == Timing(STANDARD, warmup=10, iters=30) and cfg.timing.plan() == (2, 15)
+    assert (cfg.seed, cfg.framework) == (0, "auto")
     assert cfg.out_dir == Path("bench-results") and cfg.plot
 
 
@@ -99,14 +104,15 @@ def test_quick_grid_and_explicit_flags_win():
 
 def test_flags_parse(tmp_path):
     argv = "--headdims 64,72 --seqlens 128,4096 --causal no --dtype fp16 --batch 3 --nheads 8 --nheads-k 2"
-    argv += " --warmup 2 --iters 7 --rounds 3 --impls flashcute,sdpa-cudnn,flashcute --no-plot --framework cupy"
+    argv += " --warmup 2 --iters 7 --timing turns --rounds 3 --impls flashcute,sdpa-cudnn,flashcute --no-plot"
+    argv += " --framework cupy"
     argv += " --seed 5"
     cfg = cli.parse_args(argv.split() + ["--out-dir", str(tmp_path)])
     g = cfg.grid
     assert g.headdims == (64, 72) and g.seqlens == (128, 4096)
     assert g.causals == (False,) and g.dtypes == ("fp16",)
     assert (g.batch, g.nheads, g.nheads_k) == (3, 8, 2)
-    assert (cfg.warmup, cfg.iters, cfg.rounds, cfg.seed) == (2, 7, 3, 5)
+    assert cfg.timing == Timing(TURNS, warmup=2, iters=7, rounds=3) and cfg.seed == 5
     assert cfg.impls == ("flashcute", "sdpa-cudnn")  # duplicates dropped
     assert cfg.out_dir == tmp_path and not cfg.plot and cfg.framework == "cupy"
 
@@ -127,7 +133,9 @@ def test_flags_parse(tmp_path):
         ["--nheads-k", "-1"],
         ["--iters", "0"],
         ["--warmup", "-1"],
-        ["--rounds", "0"],
+        ["--rounds", "0", "--timing", "turns"],
+        ["--timing", "fast"],
+        ["--rounds", "3"],  # rounds are the turns timing's
     ],
 )
 def test_bad_arguments_are_usage_errors(argv, capsys):
@@ -135,6 +143,18 @@ def test_bad_arguments_are_usage_errors(argv, capsys):
         cli.parse_args(argv)
     assert exc.value.code == 2
     assert "error" in capsys.readouterr().err
+
+
+def test_timing_option():
+    assert cli.parse_args(["--timing", "turns"]).timing == Timing(TURNS, 10, 30, 30)  # --rounds defaults to 30
+    assert cli.parse_args(["--timing", "standard", "--iters", "40"]).timing == Timing(STANDARD, 10, 40)
+
+
+def test_rounds_without_the_turns_timing_says_why(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.parse_args(["--rounds", "5"])
+    assert exc.value.code == 2
+    assert "--rounds sets the rounds of --timing turns; the standard timing has none" in capsys.readouterr().err
 
 
 # -------------------------------------------------------------------------------------------- grid
@@ -231,14 +251,23 @@ def test_check_slice():
 
 
 class FakeEvent:
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+
     def record(self) -> None:
-        pass
+        self.log.append("event")
 
 
 class NumpyLib(ArrayLib):
-    """NumPy arrays posing as a GPU library: every timed call takes 0.5 ms."""
+    """NumPy arrays posing as a GPU library: every timed call takes 0.5 ms. `log` records event
+    records and L2 flushes; `flush_buffers` the size of every flush buffer allocated."""
 
     name = "numpy"
+
+    def __init__(self, module: Any) -> None:
+        super().__init__(module)
+        self.log: list[str] = []
+        self.flush_buffers: list[int] = []
 
     @classmethod
     def load(cls) -> NumpyLib:
@@ -259,13 +288,17 @@ class NumpyLib(ArrayLib):
         return False
 
     def event(self) -> Any:
-        return FakeEvent()
+        return FakeEvent(self.log)
 
     def elapsed_ms(self, start: Any, end: Any) -> float:
         return 0.5
 
     def synchronize(self) -> None:
         pass
+
+    def l2_flusher(self, nbytes: int) -> Any:
+        self.flush_buffers.append(nbytes)
+        return lambda: self.log.append("flush")
 
 
 def naive_attention(q: Any, k: Any, v: Any, *, softmax_scale: float, causal: bool, kv_head_zero: bool = False) -> Any:
@@ -316,8 +349,8 @@ def test_run_point_checks_gqa_slices_and_times():
         FakeImpl("peer-wrong", lambda *a, **kw: naive_attention(*a, **kw, kv_head_zero=True)),
         FakeImpl("peer-raises", _raise(RuntimeError("No available kernel\nmore"))),
     ]
-    pr = run_point(lib, impls, point, seed=0, warmup=2, iters=5, l2_bytes=None)
-    assert pr.input_sets == timing.MAX_INPUT_SETS  # a few KiB of inputs sit in L2
+    pr = run_point(lib, impls, point, seed=0, timing=Timing(TURNS, 2, 5, 1), l2_bytes=None)
+    assert pr.input_sets == timing.MAX_INPUT_SETS  # a few KiB of inputs sit in L2, and nothing flushes it
     fc = pr.impls["flashcute"]
     assert fc.status == "ok" and fc.check is not None and fc.check.ok
     assert fc.check_scope == "b0 h[0, 79]" and fc.times_ms == [0.5] * 5
@@ -326,13 +359,6 @@ def test_run_point_checks_gqa_slices_and_times():
     assert pr.impls["peer-raises"].status == "n/a"
     assert pr.impls["peer-raises"].note == "RuntimeError: No available kernel"
     assert not pr.failed
-
-
-def test_rounds_plan():
-    assert run_mod.rounds_plan(30, 5) == (5, 6)
-    assert run_mod.rounds_plan(7, 3) == (3, 3)  # 9 timed calls: the same number in every round
-    assert run_mod.rounds_plan(2, 5) == (2, 1)  # no round without a timed call
-    assert run_mod.rounds_plan(20, 1) == (1, 20)
 
 
 def test_run_point_times_the_impls_in_turns():
@@ -353,8 +379,10 @@ def test_run_point_times_the_impls_in_turns():
         return fn
 
     impls = [FakeFlashcute(logged("fc")), FakeImpl("peer", logged("peer")), FakeImpl("late", logged("late", 6))]
-    pr = run_mod.run_point(lib, impls, point, seed=0, warmup=3, iters=5, l2_bytes=None, rounds=3)
-    w = run_mod.ROUND_WARMUP
+    pr = run_mod.run_point(lib, impls, point, seed=0, timing=Timing(TURNS, 3, 5, 3), l2_bytes=None,
+                           flush=lambda: log.append("flush"))
+    assert "flush" not in log  # the turns timing does not flush
+    w = timing.ROUND_WARMUP
     first = 1 + 3 + 2  # the checked call, the warm-up, two timed calls
     later = w + 2
     # Each impl is checked once, in order, before any timing.
@@ -369,6 +397,47 @@ def test_run_point_times_the_impls_in_turns():
     assert pr.impls["peer"].times_ms == [0.5] * 6
     assert pr.impls["late"].status == "n/a" and pr.impls["late"].note == "RuntimeError: launch failed"
     assert list(pr.impls) == ["flashcute", "peer", "late"]
+    assert pr.timing == TURNS
+
+
+def test_run_point_standard_timing_in_order_then_reverse_with_l2_flushes():
+    """The standard timing: each implementation checked once, then timed alone (warm-up, then
+    flushed timed calls) in the listed order, then all again in reverse; one input set (the flush
+    keeps L2 cold), and an implementation that raises while timed is dropped from the second pass."""
+    lib = NumpyLib.load()
+    point = Point("fp16", 8, False, 16, 1, 2, 2)  # a few KiB: the turns timing would rotate 64 sets
+    log = lib.log
+
+    def logged(name: str, fail_after: int | None = None) -> Any:
+        def fn(*args: Any, **kwargs: Any) -> Any:
+            log.append(name)
+            if fail_after is not None and log.count(name) > fail_after:
+                raise RuntimeError("launch failed")
+            return naive_attention(*args, **kwargs)
+
+        return fn
+
+    impls = [FakeFlashcute(logged("fc")), FakeImpl("peer", logged("peer")), FakeImpl("late", logged("late", 4))]
+    flush = lib.l2_flusher(256 << 20)
+    pr = run_mod.run_point(lib, impls, point, seed=0, timing=Timing(STANDARD, 2, 4), l2_bytes=50 << 20, flush=flush)
+    assert pr.input_sets == 1 and pr.timing == STANDARD
+
+    def batch(name: str) -> list[str]:  # warm-up 2, then 4 / 2 passes = 2 flushed timed calls
+        return [name, name] + ["flush", "event", name, "event"] * 2
+
+    assert log[:3] == ["fc", "peer", "late"]  # the checks, before any timing
+    # late's 5th call (the check, 2 warm-up, 1 timed, then this) raises: no end event.
+    late_fails = ["late", "late", "flush", "event", "late", "event", "flush", "event", "late"]
+    assert log[3:] == batch("fc") + batch("peer") + late_fails + batch("peer") + batch("fc")
+    assert pr.impls["flashcute"].times_ms == [0.5] * 4 and pr.impls["peer"].times_ms == [0.5] * 4
+    assert pr.impls["late"].status == "n/a" and pr.impls["late"].note == "RuntimeError: launch failed"
+
+
+def test_run_point_standard_timing_needs_the_flush():
+    lib = NumpyLib.load()
+    with pytest.raises(ValueError, match="flush"):
+        run_point(lib, [FakeImpl("flashcute", naive_attention)], Point("fp16", 8, False, 16, 1, 2, 2), seed=0,
+                  timing=Timing(STANDARD, 0, 2), l2_bytes=None)
 
 
 @pytest.mark.parametrize(
@@ -382,7 +451,8 @@ def test_run_point_times_the_impls_in_turns():
 def test_run_point_verdicts_for_flashcute(fn, status):
     lib = NumpyLib.load()
     point = Point("fp16", 8, False, 16, 1, 80, 4)
-    pr = run_point(lib, [FakeFlashcute(fn)], point, seed=0, warmup=0, iters=2, l2_bytes=None)
+    pr = run_point(lib, [FakeFlashcute(fn)], point, seed=0, timing=Timing(STANDARD, 0, 2), l2_bytes=None,
+                   flush=lambda: None)
     assert pr.impls["flashcute"].status == status
     assert pr.failed == (status != "n/a")
     if status == "fail":
@@ -394,6 +464,8 @@ def fake_gpu(monkeypatch):
     """A machine whose flashcute sees a GPU, with NumPy as its array library and a NumPy
     flash_attn_func that computes correct attention."""
     lib = NumpyLib.load()
+    monkeypatch.lib = lib  # the tests read its log
+    monkeypatch.setitem(IMPLS, "fa4", FlashAttn4())  # a fresh one: whether it imports is not cached across tests
     monkeypatch.setattr(flashcute._C, "cuda_device_count", lambda: 1)
     monkeypatch.setattr(flashcute._C, "cuda_status", lambda: "ok")
     monkeypatch.setattr(cli, "select_array_lib", lambda framework: lib)
@@ -412,10 +484,17 @@ def test_main_end_to_end_on_a_fake_gpu(fake_gpu, capsys, tmp_path):
     out, err = capsys.readouterr()
     assert rc == 0, out + err
     assert "numpy is in use, so only flashcute can be timed" in err  # the SDPA backends need torch
-    assert "flashcute.bench: Fake GPU (sm_90, 132 SMs), numpy, 8 points, impls flashcute, warmup 1, iters 3 in 3 rounds of 1" in out
+    assert "flashcute.bench: Fake GPU (sm_90, 132 SMs), numpy, 8 points, impls flashcute\n" in out
+    assert ("flashcute.bench: standard timing: CUDA events around each call; per implementation 1 warm-up calls, "
+            "then 2 timed calls, each after an L2 flush (a 256 MiB buffer written outside the events)") in out
+    assert "flashcute forward, TFLOP/s (standard timing, median of 4) on Fake GPU" in out
+    assert fake_gpu.lib.flush_buffers == [256 << 20]  # one buffer for the run: max(256 MiB, 2 x 50 MiB)
+    assert fake_gpu.lib.log.count("flush") == 4 * 4  # 4 timed calls at each of the 4 points flashcute ran
     assert "fp16 d=64 causal s=512 b=1 h=2/1: flashcute 0.1  [check pass " in out
     assert "flashcute n/a: no kernel for head dim 128 in this build (compiled: " in out
-    assert out.splitlines()[-1] == "flashcute.bench summary [Fake GPU]: 4/4 points correct (4 n/a); no SDPA comparison"
+    assert out.splitlines()[-1] == (
+        "flashcute.bench summary [Fake GPU, standard timing]: 4/4 points correct (4 n/a); no SDPA comparison"
+    )
 
     (csv_path,) = tmp_path.glob("bench-*.csv")
     (json_path,) = tmp_path.glob("bench-*.json")
@@ -423,14 +502,33 @@ def test_main_end_to_end_on_a_fake_gpu(fake_gpu, capsys, tmp_path):
     assert not list(tmp_path.glob("*.png"))  # --no-plot
     rows = list(csv.DictReader(csv_path.open()))
     assert [r["status"] for r in rows] == ["ok"] * 4 + ["n/a"] * 4
-    assert rows[0]["check"] == "pass" and rows[0]["check_scope"] == "full" and rows[0]["iters"] == "3"
+    assert rows[0]["check"] == "pass" and rows[0]["check_scope"] == "full" and rows[0]["iters"] == "4"
+    assert {r["timing"] for r in rows} == {"standard"}  # every record names its timing
     doc = json.loads(json_path.read_text())
     meta = doc["meta"]
     assert meta["gpu"]["name"] == "Fake GPU" and meta["framework"] == "numpy"
     assert meta["argv"][:2] == ["--dtype", "fp16"] and meta["config"]["grid"]["nheads_k"] == 1
-    assert meta["flops_formula"].startswith("4 * batch * nheads") and "median" in meta["timing"]
+    assert meta["flops_formula"].startswith("4 * batch * nheads")
+    assert meta["timing_kind"] == "standard" and meta["timing"].startswith("standard timing: ")
+    assert meta["config"]["timing"] == {"kind": "standard", "warmup": 1, "iters": 3, "rounds": 30}
     assert meta["versions"]["flashcute"] == flashcute.__version__
-    assert doc["results"][0]["times_ms"] == [0.5, 0.5, 0.5]
+    assert doc["results"][0]["times_ms"] == [0.5] * 4
+
+
+def test_main_with_the_turns_timing_says_so_everywhere(fake_gpu, capsys, tmp_path):
+    rc = cli.main(SMALL_RUN.split() + ["--timing", "turns", "--rounds", "3", "--out-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "flashcute.bench: turns timing: CUDA events around each call; the implementations timed in turns, 3 " \
+           "rounds of 1 timed calls" in out
+    assert "(turns timing, median of 3)" in out
+    assert out.splitlines()[-1].startswith("flashcute.bench summary [Fake GPU, turns timing]: 4/4 points correct")
+    assert fake_gpu.lib.flush_buffers == [] and "flush" not in fake_gpu.lib.log
+    (csv_path,) = tmp_path.glob("bench-*.csv")
+    rows = list(csv.DictReader(csv_path.open()))
+    assert {r["timing"] for r in rows} == {"turns"} and rows[0]["iters"] == "3"
+    meta = json.loads(next(tmp_path.glob("bench-*.json")).read_text())["meta"]
+    assert meta["timing_kind"] == "turns" and meta["timing"].startswith("turns timing: ")
 
 
 def test_main_exit_code_3_when_flashcute_is_wrong_and_the_run_goes_on(fake_gpu, capsys, tmp_path):
@@ -439,7 +537,86 @@ def test_main_exit_code_3_when_flashcute_is_wrong_and_the_run_goes_on(fake_gpu, 
     out = capsys.readouterr().out
     assert rc == 3
     assert out.count("(fail: out: max error") == 4  # every point ran
-    assert "summary [Fake GPU]: 0/4 points correct (4 n/a)" in out
+    assert "summary [Fake GPU, standard timing]: 0/4 points correct (4 n/a)" in out
+
+
+def _no_fa4(monkeypatch) -> None:
+    """flash_attn.cute does not import (an import of a module whose sys.modules entry is None fails)."""
+    monkeypatch.setitem(sys.modules, "flash_attn", None)
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", None)
+
+
+def _fake_fa4(monkeypatch, fn: Any) -> None:
+    """A flash_attn.cute module whose flash_attn_func is `fn`."""
+    pkg, cute = types.ModuleType("flash_attn"), types.ModuleType("flash_attn.cute")
+    cute.flash_attn_func = fn  # type: ignore[attr-defined]
+    pkg.cute = cute  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "flash_attn", pkg)
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", cute)
+
+
+def test_main_without_fa4_skips_it_in_one_line(fake_gpu, capsys, tmp_path):
+    _no_fa4(fake_gpu)
+    rc = cli.main(SMALL_RUN.replace("--impls flashcute,sdpa-flash,sdpa-cudnn", "--impls flashcute,fa4").split()
+                  + ["--out-dir", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert rc == 0, out + err
+    lines = [ln for ln in err.splitlines() if "fa4" in ln]
+    assert lines == ["flashcute.bench: fa4 skipped: flash_attn.cute is not importable (ModuleNotFoundError: "
+                     "import of flash_attn.cute halted; None in sys.modules)"]
+    assert "is in use, so only" not in err  # fa4 was left out for its import, not for the array library
+    assert "impls flashcute\n" in out
+    assert not [ln for ln in out.splitlines() if "fa4" in ln and " wrote " not in ln]  # (tmp_path has "fa4")
+    (csv_path,) = tmp_path.glob("bench-*.csv")
+    assert {r["impl"] for r in csv.DictReader(csv_path.open())} == {"flashcute"}
+
+
+def test_main_with_only_fa4_missing_is_a_usage_error(fake_gpu, capsys, tmp_path):
+    _no_fa4(fake_gpu)
+    assert cli.main(["--impls", "fa4", "--out-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "fa4 skipped: flash_attn.cute is not importable" in err and "none of --impls fa4 can run" in err
+
+
+def test_fa4_is_timed_like_a_peer_after_its_jit_compile(monkeypatch):
+    """prepare makes the first call (FlashAttention-4 compiles each configuration on it), the output
+    is the first of (out, lse), and the calls are timed like any other implementation's."""
+    calls: list[dict[str, Any]] = []
+
+    def fa4_func(q: Any, k: Any, v: Any, softmax_scale: float, causal: bool) -> Any:
+        calls.append({"softmax_scale": softmax_scale, "causal": causal})
+        return naive_attention(q, k, v, softmax_scale=softmax_scale, causal=causal), "lse"
+
+    _fake_fa4(monkeypatch, fa4_func)
+    fa4 = FlashAttn4()
+    assert fa4.missing() is None and fa4.supports("torch", "fwd+bwd") and not fa4.supports("cupy")
+    lib = NumpyLib.load()
+    point = Point("fp16", 8, True, 16, 1, 2, 2)
+    pr = run_point(lib, [FakeImpl("flashcute", naive_attention), fa4], point, seed=0, timing=Timing(STANDARD, 1, 2),
+                   l2_bytes=None, flush=lambda: None)
+    r = pr.impls["fa4"]
+    assert r.status == "ok" and r.check is not None and r.check.ok and r.times_ms == [0.5] * 2
+    # The compile call in prepare, the checked call, then per pass 1 warm-up and 1 timed call.
+    assert len(calls) == 1 + 1 + 2 * 2
+    assert calls[0] == {"softmax_scale": pytest.approx(8 ** -0.5), "causal": True}
+
+
+def test_fa4_that_refuses_a_point_is_n_a(monkeypatch):
+    _fake_fa4(monkeypatch, _raise(AssertionError("head_dim must be divisible by 8")))
+    pr = run_point(NumpyLib.load(), [FakeImpl("flashcute", naive_attention), FlashAttn4()],
+                   Point("fp16", 8, False, 16, 1, 2, 2), seed=0, timing=Timing(STANDARD, 0, 2), l2_bytes=None,
+                   flush=lambda: None)
+    assert pr.impls["fa4"].status == "n/a" and pr.impls["fa4"].note == "AssertionError: head_dim must be divisible by 8"
+    assert pr.impls["flashcute"].status == "ok" and not pr.failed
+
+
+def test_fa4_not_importable_is_unsupported_at_every_point(monkeypatch):
+    _no_fa4(monkeypatch)
+    fa4 = FlashAttn4()
+    assert fa4.missing().startswith("flash_attn.cute is not importable (ModuleNotFoundError")
+    pr = run_point(NumpyLib.load(), [fa4], Point("fp16", 8, False, 16, 1, 2, 2), seed=0,
+                   timing=Timing(STANDARD, 0, 2), l2_bytes=None, flush=lambda: None)
+    assert pr.impls["fa4"].status == "n/a" and "not importable" in pr.impls["fa4"].note
 
 
 def test_main_with_no_impl_for_the_library(fake_gpu, capsys, tmp_path):
@@ -458,21 +635,21 @@ def _result(seqlen: int, fc_ms: float | None, flash_ms: float | None, passed: bo
     if not passed:
         fc.note = message
     flash = ImplResult("ok", [flash_ms] * 3, layout="view") if flash_ms else ImplResult("n/a", note="No kernel")
-    return PointResult(point, {"flashcute": fc, "sdpa-flash": flash})
+    return PointResult(point, {"flashcute": fc, "sdpa-flash": flash}, timing="standard")
 
 
 def test_summary_line():
     results = [_result(512, 2.0, 1.0), _result(1024, 1.0, 1.0), _result(4096, 1.0, 2.0)]
-    line = report.summary_line(results, "NVIDIA H200")
-    assert line.startswith("flashcute.bench summary [NVIDIA H200]: 3/3 points correct")
+    line = report.summary_line(results, "NVIDIA H200", "standard timing")
+    assert line.startswith("flashcute.bench summary [NVIDIA H200, standard timing]: 3/3 points correct")
     assert "fc/flash seqlen>=1k: min 1.00x geomean 1.41x (2 pts)" in line
     assert "fc/flash seqlen<1k: min 0.50x geomean 0.50x (1 pts)" in line
     assert "fc/cudnn" not in line
     with_failure = results + [_result(2048, 0.01, 1.0, passed=False)]  # a wrong result's speed is ignored
-    line = report.summary_line(with_failure, "NVIDIA H200")
+    line = report.summary_line(with_failure, "NVIDIA H200", "standard timing")
     assert "3/4 points correct" in line and "fc/flash seqlen>=1k: min 1.00x geomean 1.41x (2 pts)" in line
     failing = [_result(1024, 1.0, None, passed=False)]
-    line = report.summary_line(failing, "gpu")
+    line = report.summary_line(failing, "gpu", "turns timing")
     assert "0/1 points correct" in line and "no SDPA comparison" in line
     assert failing[0].failed
 
@@ -480,10 +657,20 @@ def test_summary_line():
 def test_summary_line_with_cudnn():
     pr = _result(2048, 1.0, 2.0)
     pr.impls["sdpa-cudnn"] = ImplResult("ok", [0.5])
-    line = report.summary_line([pr], "gpu")
+    line = report.summary_line([pr], "gpu", "standard timing")
     assert line.endswith(
         "fc/flash seqlen>=1k: min 2.00x geomean 2.00x (1 pts); fc/cudnn seqlen>=1k: min 0.50x geomean 0.50x (1 pts)"
     )
+
+
+def test_fa4_is_compared_in_the_summary_and_the_table():
+    pr = _result(2048, 1.0, 2.0)
+    pr.impls["fa4"] = ImplResult("ok", [0.8])
+    line = report.summary_line([pr], "gpu", "standard timing")
+    assert line.endswith("fc/fa4 seqlen>=1k: min 0.80x geomean 0.80x (1 pts)")
+    header, rows = report.table_rows([pr], ["flashcute", "sdpa-flash", "fa4"])
+    assert header[6:] == ["flashcute TF/s", "sdpa-flash TF/s", "fa4 TF/s", "fc/flash", "fc/fa4", "check"]
+    assert rows[0][header.index("fc/fa4")] == "0.80"
 
 
 def test_point_line_and_table():
@@ -529,6 +716,7 @@ def test_csv_and_json_hold_the_same_records(tmp_path):
     assert list(rows[0])[:7] == ["dtype", "headdim", "causal", "seqlen", "batch", "nheads", "nheads_k"]
     assert "times_ms" not in rows[0] and rows[0]["iters"] == "3"
     assert (rows[0]["impl"], rows[0]["check"], rows[0]["check_scope"]) == ("flashcute", "pass", "b0 h[0, 15]")
+    assert [r["timing"] for r in rows] == ["standard"] * 4
     assert rows[2]["status"] == "fail" and rows[2]["max_err"] == "nan"
 
     files.write_json(tmp_path / "r.json", results, {"gpu": {"name": "test"}})
@@ -633,13 +821,46 @@ def test_decode_mode_parses_and_needs_torch_with_a_gpu(monkeypatch, capsys, tmp_
     a = decode.build_parser().parse_args(["--batches", "1,64", "--heads", "32:8", "--eager", "--page", "256"])
     assert a.batches == [1, 64] and a.heads == [(32, 8)] and a.graph is False and a.page == 256
     assert decode.build_parser().parse_args([]).graph is True  # CUDA-graph replays by default
+    parser = decode.build_parser()
+    assert decode.parse_timing(parser, parser.parse_args([])) == Timing(STANDARD, 5, 20)
+    turns = parser.parse_args(["--timing", "turns", "--rounds", "4", "--iters", "8"])
+    assert decode.parse_timing(parser, turns) == Timing(TURNS, 5, 8, 4)
     monkeypatch.setitem(sys.modules, "torch", None)
     assert cli.main(["decode", "--out-dir", str(tmp_path)]) == 1
     assert "needs torch with a CUDA device" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("argv", [["--rounds", "2"], ["--timing", "turns", "--rounds", "0"], ["--iters", "0"]])
+def test_decode_timing_usage_errors(argv, capsys):
+    # decode's --rounds once meant "best of this many medians"; it now means what the forward's does.
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["decode", *argv])
+    assert exc.value.code == 2
+    assert "error: --" in capsys.readouterr().err
+
+
 def test_python_dash_m_decode_help():
     proc = subprocess.run([sys.executable, "-m", "flashcute.bench", "decode", "--help"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-    assert "--page" in proc.stdout and "--graph" in proc.stdout
+    assert "--page" in proc.stdout and "--graph" in proc.stdout and "--timing" in proc.stdout
+
+
+# ------------------------------------------------------------------------------ benchmarks/bwd_speed
+
+
+def test_bwd_speed_is_the_bench_backward_pass_on_its_grid():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bwd_speed.py"
+    spec = importlib.util.spec_from_file_location("bwd_speed", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    cfg = cli.parse_args(mod.bench_argv([]))
+    assert cfg.grid.pass_ == "bwd" and cfg.grid.dtypes == ("bf16",)
+    assert cfg.grid.headdims == (64, 128, 256) and cfg.grid.seqlens == (1024, 4096, 16384)
+    assert cfg.impls == ("flashcute", "sdpa-flash", "sdpa-cudnn", "fa4")
+    assert cfg.timing == Timing(STANDARD, warmup=5, iters=20)
+    cfg = cli.parse_args(mod.bench_argv(["--pass", "fwd+bwd", "--dims", "128", "--timing", "turns", "--iters", "9"]))
+    assert cfg.grid.pass_ == "fwd+bwd" and cfg.grid.headdims == (128,)
+    assert cfg.timing == Timing(TURNS, warmup=5, iters=9, rounds=30)  # options after the grid's are passed on

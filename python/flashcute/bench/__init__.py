@@ -5,12 +5,15 @@ At every point of a grid (dtype x head dim x causal x seqlen; FlashAttention's s
 1. checks each implementation's output with the project's shared reference and rule,
    :func:`flashcute.testing.check_attention` (on batch 0 and two heads when the problem is large);
    a wrong flashcute result makes the exit code 3, and the other points still run;
-2. times flashcute and torch SDPA's flash, cuDNN and memory-efficient backends in the same
-   process, on the same inputs: CUDA-event medians of individually timed calls after a warm-up,
-   the implementations taken in turns (``--rounds``) so that all see the GPU's clocks alike;
+2. times flashcute, torch SDPA's flash, cuDNN and memory-efficient backends and, when it imports,
+   FlashAttention-4 (``fa4``) in the same process, on the same inputs, by the standard timing
+   (:mod:`.timing`): per implementation a warm-up, then back-to-back calls each between CUDA
+   events with L2 flushed between them, the implementations in order and then in reverse, the
+   median of the timed calls; ``--timing turns`` takes them in turns instead;
 3. reports TFLOP/s (FlashAttention's count: 4*B*H*Sq*Sk*D, halved when causal) in a log line per
    point, a table, a CSV, a JSON file (GPU, versions, date, every timing), a PNG plot, and a final
-   line starting ``flashcute.bench summary [GPU]:``.
+   line starting ``flashcute.bench summary [GPU, standard timing]:``. Each of them names the
+   timing that produced its numbers.
 
 With CuPy and no torch it times flashcute alone. With no GPU it says why and exits 1.
 
@@ -24,7 +27,7 @@ The modules, each one job:
 - :mod:`.arrays`: torch or CuPy, which make the inputs, describe the device and own the events;
 - :mod:`.impls`: the implementations (:class:`~.impls.Impl`; add a peer or a pass here);
 - :mod:`.check`: the correctness check, on the slice of the output that is checked;
-- :mod:`.timing`: the one timer, and how many input sets keep L2 cold;
+- :mod:`.timing`: the one timer, its two schedules (standard, turns) and the L2 flush;
 - :mod:`.run`: one point: inputs, then check and time every implementation;
 - :mod:`.results`: what a point produces;
 - :mod:`.report`: the console (rich, else plain prints), the per-point line, the table, the summary;

@@ -1,5 +1,5 @@
 """The array library the benchmark runs on, torch or CuPy: it makes the inputs, describes the device,
-owns the CUDA events the timer uses and recognises running out of memory.
+owns the CUDA events and the L2 flush the timer uses and recognises running out of memory.
 
 One class per library; the rest of the benchmark talks to :class:`ArrayLib` only. The libraries
 are imported when a class is loaded, never when this module is.
@@ -13,7 +13,7 @@ import os
 import platform
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 from .grid import Point
 
@@ -71,7 +71,8 @@ class Inputs:
 
 
 class ArrayLib(ABC):
-    """A GPU array library: inputs, device facts, CUDA events, and its out-of-memory error."""
+    """A GPU array library: inputs, device facts, CUDA events, an L2 flush, and its out-of-memory
+    error."""
 
     name: ClassVar[str]
 
@@ -107,6 +108,11 @@ class ArrayLib(ABC):
 
     @abstractmethod
     def synchronize(self) -> None: ...
+
+    @abstractmethod
+    def l2_flusher(self, nbytes: int) -> Callable[[], None]:
+        """A call that writes a device buffer of `nbytes` (allocated once, here) on the current
+        stream: run between timed calls, it evicts from L2 whatever the previous call left there."""
 
     def make_inputs(self, point: Point, seed: int) -> Inputs:
         """Random inputs for one point (FlashAttention's benchmark uses randn), reproducible from `seed`."""
@@ -167,6 +173,10 @@ class TorchLib(ArrayLib):
 
     def synchronize(self) -> None:
         self.m.cuda.synchronize()
+
+    def l2_flusher(self, nbytes: int) -> Callable[[], None]:
+        buf = self.m.empty(nbytes, dtype=self.m.int8, device="cuda")
+        return buf.zero_
 
 
 class CupyLib(ArrayLib):
@@ -233,6 +243,10 @@ class CupyLib(ArrayLib):
 
     def synchronize(self) -> None:
         self.m.cuda.Device().synchronize()
+
+    def l2_flusher(self, nbytes: int) -> Callable[[], None]:
+        buf = self.m.empty(nbytes, dtype=self.m.int8)
+        return lambda: buf.fill(0)
 
 
 LIBRARIES: dict[str, type[ArrayLib]] = {"torch": TorchLib, "cupy": CupyLib}  # --framework auto tries them in order

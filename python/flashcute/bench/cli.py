@@ -20,7 +20,8 @@ from .grid import FA_HIDDEN, FA_TOKENS, FLOPS_FORMULA, PASSES, GridSpec, build_g
 from .impls import DEFAULT_IMPLS, IMPLS, SUBJECT
 from .report import PROG, Console, point_line, summary_line, table_rows
 from .results import NOT_AVAILABLE, PointResult
-from .run import rounds_plan, run_point
+from .run import run_point
+from .timing import Timing
 
 EXIT_OK, EXIT_NO_GPU, EXIT_USAGE, EXIT_CHECK_FAILED = 0, 1, 2, 3
 
@@ -93,17 +94,31 @@ def build_parser() -> argparse.ArgumentParser:
         "(explicit flags still win)",
     )
     t = p.add_argument_group("timing")
-    t.add_argument("--warmup", type=int, default=10, help="untimed calls before timing (default 10)")
     t.add_argument(
-        "--iters", type=int, default=30, help="individually timed calls; the median is reported (default 30)"
+        "--timing",
+        choices=timing.TIMINGS,
+        default=timing.STANDARD,
+        help="standard (default): each implementation after a warm-up, back-to-back calls each timed by CUDA "
+        "events with L2 flushed between them (outside the events), one implementation after the other in the "
+        "listed order and then in reverse, the median of both passes (as triton's do_bench); turns: the "
+        "implementations timed in turns (--rounds), without an L2 flush. Every report names the timing used",
+    )
+    t.add_argument(
+        "--warmup", type=int, default=10,
+        help="untimed calls of each implementation before its timed ones: before each of its two passes "
+        "(standard), before its first round (turns; 2 before later rounds) (default 10)",
+    )
+    t.add_argument(
+        "--iters", type=int, default=30,
+        help="individually timed calls of each implementation; the median is reported (default 30: 15 in each "
+        "pass of the standard timing)",
     )
     t.add_argument(
         "--rounds",
         type=int,
-        default=30,
-        help="the implementations are timed in turns, this many rounds of iters/rounds calls each, so that "
-        "all of them see the GPU's clocks at the same moments (default 30: with the default iters, one timed "
-        "call each per round; 1: one implementation after the other)",
+        help=f"--timing turns only: this many rounds of iters/rounds timed calls of each implementation, so that "
+        f"all of them see the GPU's clocks at the same moments (default {timing.DEFAULT_TURN_ROUNDS}: with the "
+        "default iters, one timed call each per round)",
     )
     t.add_argument(
         "--impls", type=_impl_list, default=list(DEFAULT_IMPLS),
@@ -129,14 +144,12 @@ class BenchConfig:
     """The resolved command line: what to run and how."""
 
     grid: GridSpec
-    warmup: int
-    iters: int
     impls: tuple[str, ...]
     framework: str  # "auto", "torch" or "cupy"
     seed: int
     out_dir: Path
     plot: bool
-    rounds: int = 1
+    timing: Timing = Timing()  # the schedule, warm-up and timed calls (--timing, --warmup, --iters, --rounds)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
@@ -149,8 +162,12 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
         value = getattr(a, name)
         if value is not None and value <= 0:
             parser.error(f"--{name.replace('_', '-')} must be positive")
-    if a.warmup < 0 or a.iters < 1 or a.rounds < 1:
+    if a.warmup < 0 or a.iters < 1 or (a.rounds is not None and a.rounds < 1):
         parser.error("--warmup must be >= 0, --iters and --rounds >= 1")
+    if a.rounds is not None and a.timing != timing.TURNS:
+        parser.error(f"--rounds sets the rounds of --timing turns; the {a.timing} timing has none "
+                     "(add --timing turns, or drop --rounds)")
+    how = Timing(a.timing, a.warmup, a.iters, a.rounds if a.rounds is not None else timing.DEFAULT_TURN_ROUNDS)
     headdims = a.headdims or list(QUICK_HEADDIMS if a.quick else DEFAULT_HEADDIMS)
     bad = [d for d in headdims if d % 8 or d > 256]
     if bad:
@@ -165,8 +182,7 @@ def parse_args(argv: Sequence[str] | None = None) -> BenchConfig:
         nheads_k=a.nheads_k,
         pass_=a.pass_,
     )
-    return BenchConfig(grid, a.warmup, a.iters, tuple(a.impls), a.framework, a.seed, a.out_dir, not a.no_plot,
-                       a.rounds)
+    return BenchConfig(grid, tuple(a.impls), a.framework, a.seed, a.out_dir, not a.no_plot, how)
 
 
 class BenchExit(Exception):
@@ -221,8 +237,11 @@ def matmul_ceiling(n: int = 8192, warmup: int = 5, iters: int = 20) -> float:
     return 2 * n**3 / (times[len(times) // 2] * 1e-3) / 1e12
 
 
-def metadata(cfg: BenchConfig, argv: Sequence[str] | None, lib: ArrayLib, device: DeviceInfo) -> dict[str, Any]:
-    """What the JSON file records about the run besides its results."""
+def metadata(
+    cfg: BenchConfig, argv: Sequence[str] | None, lib: ArrayLib, device: DeviceInfo, flush_nbytes: int | None = None
+) -> dict[str, Any]:
+    """What the JSON file records about the run besides its results; "timing" says how every number
+    was measured ("timing_kind": standard or turns, as in the CSV's timing column)."""
     return {
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "argv": list(sys.argv[1:] if argv is None else argv),
@@ -233,7 +252,8 @@ def metadata(cfg: BenchConfig, argv: Sequence[str] | None, lib: ArrayLib, device
         "platform": platform.platform(),
         "config": {**asdict(cfg), "out_dir": str(cfg.out_dir)},
         "flops_formula": FLOPS_FORMULA,
-        "timing": timing.METHOD,
+        "timing_kind": cfg.timing.kind,
+        "timing": cfg.timing.method(flush_nbytes),
     }
 
 
@@ -275,7 +295,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ValueError as exc:
             raise BenchExit(EXIT_USAGE, str(exc)) from None
         lib, device = find_device(cfg.framework)
-        impls = [IMPLS[name] for name in cfg.impls if IMPLS[name].supports(lib.name, cfg.grid.pass_)]
+        missing = {name: why for name in cfg.impls if (why := IMPLS[name].missing())}
+        for name, why in missing.items():  # an optional peer whose package is not there: one line
+            print(f"{PROG}: {name} skipped: {why}", file=sys.stderr)
+        wanted = [IMPLS[name] for name in cfg.impls if name not in missing]
+        impls = [impl for impl in wanted if impl.supports(lib.name, cfg.grid.pass_)]
         if not impls:
             raise BenchExit(
                 EXIT_USAGE, f"none of --impls {_csv(cfg.impls)} can run --pass {cfg.grid.pass_} on {lib.name} arrays"
@@ -284,15 +308,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return exc.code
     names = [impl.name for impl in impls]
-    if len(names) < len(cfg.impls):
+    if len(names) < len(wanted):
         print(f"{PROG}: {lib.name} is in use, so only {_csv(names)} can be timed", file=sys.stderr)
 
     console = Console()
-    rounds, per_round = rounds_plan(cfg.iters, cfg.rounds)
+    how = cfg.timing
+    flush_nbytes = timing.flush_bytes(device.l2_bytes) if how.flushes else None
+    flush = lib.l2_flusher(flush_nbytes) if flush_nbytes else None
     console.log(
         f"{PROG}: {device.name} ({device.arch}, {device.sm_count} SMs), {lib.name}, {len(points)} points, "
-        f"impls {_csv(names)}, warmup {cfg.warmup}, iters {cfg.iters} in {rounds} rounds of {per_round}"
+        f"impls {_csv(names)}"
     )
+    console.log(f"{PROG}: {how.method(flush_nbytes)}")
     ceiling = None
     if lib.name == "torch" and cfg.grid.pass_ == "fwd":
         ceiling = matmul_ceiling()
@@ -301,10 +328,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     told: set[tuple[str, str]] = set()
     with console.progress(len(points), "benchmark") as advance:
         for point in points:
-            pr = run_point(
-                lib, impls, point, seed=cfg.seed, warmup=cfg.warmup, iters=cfg.iters, l2_bytes=device.l2_bytes,
-                rounds=cfg.rounds
-            )
+            pr = run_point(lib, impls, point, seed=cfg.seed, timing=how, l2_bytes=device.l2_bytes, flush=flush)
             results.append(pr)
             console.log(point_line(pr, names))
             for name, r in pr.impls.items():  # say once why an implementation cannot run
@@ -319,8 +343,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             advance()
 
     what = {"fwd": "forward", "bwd": "backward", "fwd+bwd": "forward + backward"}[cfg.grid.pass_]
-    console.table(f"flashcute {what}, TFLOP/s (median of {rounds * per_round}) on {device.name}", *table_rows(results, names))
-    meta = metadata(cfg, argv, lib, device)
+    console.table(f"flashcute {what}, TFLOP/s ({how.summary}, median of {how.timed_calls}) on {device.name}",
+                  *table_rows(results, names))
+    meta = metadata(cfg, argv, lib, device, flush_nbytes)
     if ceiling is not None:
         meta["matmul_tflops"] = ceiling
         fractions = [t / ceiling for pr in results if not pr.failed and (t := pr.tflops(SUBJECT))]
@@ -328,5 +353,5 @@ def main(argv: Sequence[str] | None = None) -> int:
             console.log(f"{PROG}: flashcute at {min(fractions):.0%}-{max(fractions):.0%} of the matmul ceiling "
                         f"({ceiling:.1f} TFLOP/s)")
     write_outputs(console, cfg, results, names, meta)
-    console.log(summary_line(results, device.name))
+    console.log(summary_line(results, device.name, how.summary))
     return EXIT_CHECK_FAILED if any(pr.failed for pr in results) else EXIT_OK

@@ -10,12 +10,15 @@ attends to a KV cache of seqlen_k keys. Timed, in one process on the same keys:
 - ``copy``: a 1 GiB device-to-device ``Tensor.copy_`` (bytes read + written, timed eagerly), the
   reference the targets are stated against.
 
-Bandwidth is the bytes of K and V over the median time of ``--iters`` calls after a warm-up
-(flashcute.bench's timer). ``--graph`` (the default) times CUDA-graph replays of each call: the
-GPU's time, as a served decode step runs; ``--eager`` times plain calls, which include each
-call's host time. Every implementation is timed ``--rounds`` times in turn and keeps its best
-median, so no one of them is favoured by going first. Before timing, flashcute's outputs are
-checked against SDPA flash's (max |diff| printed; the numerical tests are in tests/python).
+Bandwidth is the bytes of K and V over the median time of ``--iters`` timed calls, by the same
+timer and schedules as the forward bench (:mod:`flashcute.bench.timing`, ``--timing``): by default
+the standard timing (each implementation after a warm-up, every timed call after an L2 flush
+outside its events, in order and then in reverse, the median of both passes), so a cache smaller
+than L2 is read from memory as in a served step; ``--timing turns --rounds N`` takes them in
+turns. ``--graph`` (the default) times CUDA-graph replays of each call: the GPU's time, as a
+served decode step runs; ``--eager`` times plain calls, which include each call's host time.
+Before timing, flashcute's outputs are checked against SDPA flash's (max |diff| printed; the
+numerical tests are in tests/python).
 
 Writes ``decode-<date>.csv``/``.json`` and a plot to ``--out-dir``. torch only.
 """
@@ -33,8 +36,9 @@ from typing import Any, Callable
 
 import flashcute
 
+from . import timing
 from .arrays import TorchLib, versions
-from .timing import time_calls
+from .timing import Subject, Timing, time_calls, time_subjects
 
 PROG = "flashcute.bench decode"
 IMPLS = ("fc", "fc-paged", "sdpa-flash", "sdpa-cudnn")
@@ -62,53 +66,68 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--graph", dest="graph", action="store_true", default=True,
                       help="time CUDA-graph replays (default)")
     mode.add_argument("--eager", dest="graph", action="store_false", help="time eager calls (host time included)")
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--iters", type=int, default=20)
-    p.add_argument("--rounds", type=int, default=2, help="times each implementation is timed in turn (best kept)")
+    p.add_argument("--timing", choices=timing.TIMINGS, default=timing.STANDARD,
+                   help="standard (default): each implementation after a warm-up, every timed call after an L2 "
+                        "flush, in order then in reverse, the median of both passes; turns: in turns (--rounds), "
+                        "no flush (flashcute.bench --help says more)")
+    p.add_argument("--warmup", type=int, default=5,
+                   help="untimed calls before each implementation's timed ones (default 5)")
+    p.add_argument("--iters", type=int, default=20,
+                   help="individually timed calls of each implementation; the median is reported (default 20)")
+    p.add_argument("--rounds", type=int,
+                   help=f"--timing turns only: rounds of iters/rounds timed calls of each implementation "
+                        f"(default {timing.DEFAULT_TURN_ROUNDS}, at most iters)")
     p.add_argument("--out-dir", type=Path, default=Path("bench-results"))
     p.add_argument("--no-plot", action="store_true")
     return p
 
 
-class Timer:
-    def __init__(self, torch: Any, graph: bool, warmup: int, iters: int) -> None:
-        self.torch, self.graph, self.warmup, self.iters = torch, graph, warmup, iters
-        self.clock = TorchLib(torch)
-
-    def ms(self, fn: Callable[[], Any]) -> float:
-        torch = self.torch
-        if self.graph:
-            fn()  # lazy initialisation and allocations outside the capture
-            torch.cuda.synchronize()
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                fn()
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                fn()
-            fn = graph.replay
-        return statistics.median(time_calls(self.clock, [fn], self.warmup, self.iters))
+def parse_timing(parser: argparse.ArgumentParser, a: argparse.Namespace) -> Timing:
+    """The Timing of the parsed arguments; usage errors (exit code 2) through `parser`."""
+    if a.warmup < 0 or a.iters < 1 or (a.rounds is not None and a.rounds < 1):
+        parser.error("--warmup must be >= 0, --iters and --rounds >= 1")
+    if a.rounds is not None and a.timing != timing.TURNS:
+        parser.error(f"--rounds sets the rounds of --timing turns; the {a.timing} timing has none "
+                     "(add --timing turns, or drop --rounds)")
+    return Timing(a.timing, a.warmup, a.iters, a.rounds if a.rounds is not None else timing.DEFAULT_TURN_ROUNDS)
 
 
-def copy_tbps(torch: Any, timer: Timer) -> float:
-    """A 1 GiB Tensor.copy_, timed eagerly in either mode: captured in a graph it becomes a memcpy
-    node, which the H100 ran at 2.4 TB/s against 3.0 for the kernel eager calls get."""
+def graph_replay(torch: Any, fn: Callable[[], Any]) -> Callable[[], Any]:
+    """fn captured in a CUDA graph: the returned call replays it."""
+    fn()  # lazy initialisation and allocations outside the capture
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def copy_tbps(lib: TorchLib, how: Timing) -> float:
+    """TB/s of a 1 GiB Tensor.copy_ (bytes read + written), the median of how.iters eager calls
+    after how.warmup: 2 GiB of traffic a call, far beyond L2, so no flush is needed. Eager in either
+    mode: captured in a graph it becomes a memcpy node, which the H100 ran at 2.4 TB/s against 3.0
+    for the kernel eager calls get."""
+    torch = lib.m
     src = torch.empty(1 << 29, dtype=torch.bfloat16, device="cuda").normal_()  # 1 GiB
     dst = torch.empty_like(src)
-    eager = Timer(torch, False, timer.warmup, timer.iters)
-    ms = min(eager.ms(lambda: dst.copy_(src)) for _ in range(2))
+    ms = statistics.median(time_calls(lib, [lambda: dst.copy_(src)], how.warmup, how.iters))
     return 2 * src.numel() * 2 / (ms * 1e-3) / 1e12
 
 
-def run_point(torch: Any, timer: Timer, b: int, s: int, h: int, hk: int, d: int, page: int,
-              rounds: int) -> dict[str, Any]:
+def run_point(lib: TorchLib, how: Timing, graph: bool, flush: Callable[[], Any] | None, b: int, s: int, h: int,
+              hk: int, d: int, page: int) -> dict[str, Any]:
+    """Checks and times every implementation at one point (one process, the same keys)."""
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from .._torch import _kvcache_launch
 
+    torch = lib.m
     dt = torch.bfloat16
     q = torch.randn(b, 1, h, d, device="cuda", dtype=dt)
     k = torch.randn(b, s, hk, d, device="cuda", dtype=dt)
@@ -135,17 +154,18 @@ def run_point(torch: Any, timer: Timer, b: int, s: int, h: int, hk: int, d: int,
         "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION),
         "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
     }
-    outs, ms, notes = {}, {}, {}
+    outs, notes = {}, {}
     for name, run in list(runs.items()):
         try:
             outs[name] = run()
         except RuntimeError as exc:  # an SDPA backend that refuses this point
             notes[name] = str(exc).splitlines()[0][:120]
             del runs[name]
-    for _ in range(rounds):
-        for name, run in runs.items():
-            t = timer.ms(run)
-            ms[name] = min(ms.get(name, t), t)
+    subjects = [Subject(name, [graph_replay(torch, run) if graph else run]) for name, run in runs.items()]
+    timed = time_subjects(lib, subjects, how, flush)
+    for name, exc in timed.errors.items():
+        notes[name] = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:120]}"
+    ms = {name: statistics.median(ts) for name, ts in timed.times_ms.items() if name not in timed.errors}
     kv_bytes = 2 * b * s * hk * d * 2
     ref = outs.get("sdpa-flash")
     diff = max(((outs[n].float() - ref.float()).abs().max().item() for n in ("fc", "fc-paged")), default=None) \
@@ -198,7 +218,9 @@ def write_plot(path: Path, rows: Sequence[dict[str, Any]], copy: float, title: s
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    a = build_parser().parse_args(argv)
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    how = parse_timing(parser, a)
     try:
         lib = TorchLib.load()
     except Exception as exc:  # LibraryUnavailable: no torch, or no GPU
@@ -208,12 +230,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not flashcute.is_available():
         print(f"{PROG}: flashcute cannot run: {flashcute.cuda_status()}", file=sys.stderr)
         return 1
-    timer = Timer(torch, a.graph, a.warmup, a.iters)
     gpu = torch.cuda.get_device_name()
-    copy = copy_tbps(torch, timer)
+    flush_nbytes = timing.flush_bytes(lib.device_info().l2_bytes) if how.flushes else None
+    flush = lib.l2_flusher(flush_nbytes) if flush_nbytes else None
+    copy = copy_tbps(lib, how)
     mode = "CUDA-graph replays" if a.graph else "eager calls"
+    method = how.method(flush_nbytes)
     print(f"# {PROG}: {gpu}, torch {torch.__version__}, flashcute {flashcute.__version__}, bf16, d {a.headdim}, "
-          f"{mode}, best of {a.rounds} medians of {a.iters}; copy {copy:.2f} TB/s; paged: {a.page}-token pages")
+          f"{mode}; copy {copy:.2f} TB/s; paged: {a.page}-token pages")
+    print(f"# {PROG}: {method}")
     print(f"{'batch':>5} {'seqlen_k':>7} {'heads':>6} {'kv_MB':>7} {'splits':>6} | "
           + " ".join(f"{n:>6}"[-6:] for n in IMPLS) + " | fc/copy fc/sdpa paged/fc   (TB/s of K+V)")
     rows = []
@@ -222,23 +247,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             for s in a.seqlens:
                 if 2 * b * s * hk * a.headdim * 2 > a.max_gb * 1e9 or s % a.page:
                     continue
-                r = run_point(torch, timer, b, s, h, hk, a.headdim, a.page, a.rounds)
+                r = run_point(lib, how, a.graph, flush, b, s, h, hk, a.headdim, a.page)
                 rows.append(r)
                 print(line(r, copy), flush=True)
                 torch.cuda.empty_cache()
     a.out_dir.mkdir(parents=True, exist_ok=True)
     stem = a.out_dir / f"decode-{_dt.datetime.now(_dt.timezone.utc):%Y%m%dT%H%M%SZ}"
     meta = {"gpu": gpu, "versions": versions(), "argv": list(sys.argv[1:] if argv is None else argv), "mode": mode,
-            "copy_tbps": copy, "rounds": a.rounds, "iters": a.iters, "warmup": a.warmup, "page": a.page}
+            "copy_tbps": copy, "timing_kind": how.kind, "timing": method, "iters": how.timed_calls,
+            "warmup": how.warmup, "page": a.page}
     stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "points": rows}, indent=1))
     with open(stem.with_suffix(".csv"), "w") as f:
-        f.write("batch,seqlen_k,nheads,nheads_k,headdim,kv_bytes,num_splits,impl,ms,tbps,fraction_of_copy\n")
+        f.write("batch,seqlen_k,nheads,nheads_k,headdim,kv_bytes,num_splits,impl,timing,ms,tbps,fraction_of_copy\n")
         for r in rows:
             for n, ms in r["ms"].items():
                 f.write(f"{r['batch']},{r['seqlen_k']},{r['nheads']},{r['nheads_k']},{r['headdim']},{r['kv_bytes']},"
-                        f"{r['num_splits']},{n},{ms:.5f},{r['tbps'][n]:.4f},{r['tbps'][n] / copy:.4f}\n")
+                        f"{r['num_splits']},{n},{how.kind},{ms:.5f},{r['tbps'][n]:.4f},{r['tbps'][n] / copy:.4f}\n")
     written = [stem.with_suffix(".csv"), stem.with_suffix(".json")]
-    if not a.no_plot and write_plot(stem.with_suffix(".png"), rows, copy, f"flashcute decode on {gpu} ({mode})"):
+    title = f"flashcute decode on {gpu} ({mode}, {how.summary})"
+    if not a.no_plot and write_plot(stem.with_suffix(".png"), rows, copy, title):
         written.append(stem.with_suffix(".png"))
     print(f"# {PROG}: wrote " + ", ".join(map(str, written)))
     big = [r for r in rows if r["kv_bytes"] >= 256e6]
@@ -247,7 +274,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ratios = [r["tbps"]["fc"] / max(r["tbps"][n] for n in ("sdpa-flash", "sdpa-cudnn") if n in r["tbps"])
                   for r in rows if any(n in r["tbps"] for n in ("sdpa-flash", "sdpa-cudnn"))]
         paged = [r["tbps"]["fc-paged"] / r["tbps"]["fc"] for r in rows]
-        print(f"{PROG} summary [{gpu}]: fc/copy min {worst_copy:.2f} where the cache is >= 256 MB; "
+        print(f"{PROG} summary [{gpu}, {how.summary}]: fc/copy min {worst_copy:.2f} where the cache is >= 256 MB; "
               f"fc/best-sdpa min {min(ratios, default=float('nan')):.2f}, "
               f"geomean {statistics.geometric_mean(ratios) if ratios else float('nan'):.2f}; "
               f"paged/contiguous min {min(paged):.2f}")

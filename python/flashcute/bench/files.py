@@ -1,7 +1,9 @@
 """The files a run writes: bench-YYYYmmdd-HHMMSS.{csv,json,png}.
 
-CSV and JSON hold the same records, one per (point, implementation), built by :func:`record`; the
-JSON adds the run's metadata and keeps every timed call, the CSV their count.
+CSV and JSON hold the same records, one per (point, implementation), built by :func:`record`; each
+names the timing that produced it (column ``timing``: "standard" or "turns"). The JSON adds the
+run's metadata (``timing``: the whole method, with its counts) and keeps every timed call, the CSV
+their count.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ def record(pr: PointResult, impl: str, r: ImplResult) -> dict[str, Any]:
         "status": r.status,
         "median_ms": r.median_ms,
         "tflops": pr.tflops(impl),
+        "timing": pr.timing,
         "iters": len(r.times_ms),
         "input_sets": pr.input_sets,
         "working_set_bytes": pr.working_set_bytes,

@@ -5,7 +5,8 @@ which raises :class:`Unsupported` when it cannot run the point. The runner holds
 ready-to-time call per input set (everything else, such as layout changes, is done in prepare,
 outside the timed region) and converts a call's output to (b, s, h, d) for the correctness check.
 Adding a peer (another FlashAttention package) or a pass (backward) is one new subclass and one
-entry in :data:`IMPLS`.
+entry in :data:`IMPLS`. An optional peer (FlashAttention-4, ``fa4``) says through
+:meth:`Impl.missing` why it cannot run here; the run then leaves it out.
 """
 
 from __future__ import annotations
@@ -50,6 +51,11 @@ class Impl(ABC):
         """Whether it can run `pass_` on arrays of `framework` ("torch" or "cupy"): the backward
         passes go through torch autograd."""
         return pass_ == "fwd" or framework == "torch"
+
+    def missing(self) -> str | None:
+        """Why this implementation cannot run at all on this machine (an optional package that does
+        not import), or None. A run leaves such an implementation out, saying why in one line."""
+        return None
 
     @abstractmethod
     def prepare(self, point: Point, input_sets: Sequence[Inputs], softmax_scale: float) -> Runner:
@@ -219,6 +225,55 @@ class Sdpa(Impl):
         raise Unsupported("; ".join(f"{layout}: {why}" for layout, why in reasons.items()))
 
 
+FA4_IMPORT = "flash_attn.cute"  # FlashAttention-4 (the flash-attn-4 wheel): CuTe DSL kernels, JIT-compiled
+
+
+class FlashAttn4(Impl):
+    """FlashAttention-4's ``flash_attn.cute.flash_attn_func``, an optional peer: present when it
+    imports (its wheels are not a dependency of flashcute). It takes q, k, v as (b, s, h, d), like
+    flashcute, and returns (out, lse). Its kernels are JIT-compiled on the first call of each
+    configuration, which prepare makes (seconds), so no timed call compiles. It is differentiable,
+    so it runs the backward passes too."""
+
+    name = "fa4"
+
+    def __init__(self) -> None:
+        self._func: Callable[..., Any] | None = None
+        self._why: str | None = None
+
+    def supports(self, framework: str, pass_: str = "fwd") -> bool:
+        return framework == "torch"
+
+    def _load(self) -> Callable[..., Any] | None:
+        if self._func is None and self._why is None:
+            try:
+                from flash_attn.cute import flash_attn_func
+            except Exception as exc:  # ModuleNotFoundError, or a broken install (missing CUDA libs)
+                self._why = f"{FA4_IMPORT} is not importable ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
+            else:
+                self._func = flash_attn_func
+        return self._func
+
+    def missing(self) -> str | None:
+        self._load()
+        return self._why
+
+    def prepare(self, point: Point, input_sets: Sequence[Inputs], softmax_scale: float) -> Runner:
+        func = self._load()
+        if func is None:
+            raise Unsupported(self._why or f"{FA4_IMPORT} is not importable")
+
+        def attn(q: Any, k: Any, v: Any) -> Any:
+            out = func(q, k, v, softmax_scale=softmax_scale, causal=point.causal)
+            return out[0] if isinstance(out, tuple) else out  # (out, lse)
+
+        if point.pass_ != "fwd":
+            return grad_runner(point, input_sets, attn)
+        calls = [lambda x=x: attn(x.q, x.k, x.v) for x in input_sets]
+        calls[0]()  # the JIT compile of this configuration (the backward passes: the check's call compiles)
+        return Runner(calls)
+
+
 IMPLS: dict[str, Impl] = {
     impl.name: impl
     for impl in (
@@ -228,8 +283,10 @@ IMPLS: dict[str, Impl] = {
         Sdpa("sdpa-flash", "FLASH_ATTENTION"),
         Sdpa("sdpa-cudnn", "CUDNN_ATTENTION"),
         Sdpa("sdpa-efficient", "EFFICIENT_ATTENTION"),
+        FlashAttn4(),
     )
 }
 # What a run times unless --impls says otherwise: every implementation but the forced tile table,
-# which only A/B comparisons of the two tables ask for.
+# which only A/B comparisons of the two tables ask for (fa4 is left out of a run, with a line saying
+# so, where it does not import).
 DEFAULT_IMPLS: tuple[str, ...] = tuple(name for name in IMPLS if name != "flashcute-base")

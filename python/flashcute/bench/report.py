@@ -16,7 +16,7 @@ from .impls import SUBJECT
 from .results import ERROR, FAIL, NOT_AVAILABLE, OK, ImplResult, PointResult
 
 PROG = "flashcute.bench"
-RATIO_BASES = ("sdpa-flash", "sdpa-cudnn")  # the table and the summary compare flashcute with these
+RATIO_BASES = ("sdpa-flash", "sdpa-cudnn", "fa4")  # the table and the summary compare flashcute with these
 LOG_WIDTH = 240  # columns off a terminal: wide enough for the table, so nothing wraps
 
 
@@ -99,7 +99,8 @@ def _ratio_bases(impls: Sequence[str]) -> list[str]:
 
 
 def _ratio_label(base: str) -> str:
-    return "fc/" + base[len("sdpa-") :]
+    """"fc/flash" for sdpa-flash, "fc/fa4" for fa4."""
+    return "fc/" + base.removeprefix("sdpa-")
 
 
 def table_rows(results: Sequence[PointResult], impls: Sequence[str]) -> tuple[list[str], list[list[str]]]:
@@ -122,10 +123,11 @@ def _geomean(xs: Sequence[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
 
-def summary_line(results: Sequence[PointResult], gpu: str) -> str:
-    """One greppable line: how many points flashcute got right, then min/geomean of flashcute over
-    SDPA flash and cuDNN for seqlen >= 1k and < 1k. A wrong result's speed is no result: failed
-    points are left out of the ratios."""
+def summary_line(results: Sequence[PointResult], gpu: str, timing: str) -> str:
+    """One greppable line, "flashcute.bench summary [GPU, <timing>]: ...": how many points flashcute
+    got right, then min/geomean of flashcute over SDPA flash, cuDNN and FlashAttention-4 (those that
+    ran) for seqlen >= 1k and < 1k. `timing` names the timing that produced the numbers ("standard
+    timing"). A wrong result's speed is no result: failed points are left out of the ratios."""
     ran = [pr.subject for pr in results if pr.subject is not None]
     checked = sum(r.status in (OK, FAIL, ERROR) for r in ran)
     failed = sum(pr.failed for pr in results)
@@ -145,4 +147,4 @@ def summary_line(results: Sequence[PointResult], gpu: str) -> str:
                 )
     if len(parts) == 1:
         parts.append("no SDPA comparison")
-    return f"{PROG} summary [{gpu}]: " + "; ".join(parts)
+    return f"{PROG} summary [{gpu}, {timing}]: " + "; ".join(parts)

@@ -41,6 +41,7 @@ class PointResult:
     impls: dict[str, ImplResult]
     input_sets: int = 1  # input sets rotated through (timing.input_sets_needed)
     working_set_bytes: int = 0  # q, k, v and the output of one set
+    timing: str = ""  # the schedule that produced the times: timing.STANDARD or timing.TURNS
 
     def tflops(self, impl: str) -> float | None:
         r = self.impls.get(impl)

@@ -3,22 +3,18 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from .arrays import ArrayLib, Inputs, Unsupported
 from .check import check_gradients, check_output
 from .grid import Point
 from .impls import SUBJECT, Impl, Runner
 from .results import ERROR, FAIL, NOT_AVAILABLE, OK, ImplResult, PointResult
-from .timing import input_sets_needed, time_calls
+from .timing import Subject, Timing, input_sets_needed, time_subjects
 
 if TYPE_CHECKING:
     from flashcute.testing import Check
-
-# Untimed calls before each round's timed ones after the first round (which takes the full
-# --warmup): the GPU is warm by then; these take the switch from another implementation.
-ROUND_WARMUP = 2
 
 
 def short_error(exc: BaseException) -> str:
@@ -28,27 +24,30 @@ def short_error(exc: BaseException) -> str:
 
 
 def run_point(
-    lib: ArrayLib, impls: Sequence[Impl], point: Point, *, seed: int, warmup: int, iters: int, l2_bytes: int | None,
-    rounds: int = 1
+    lib: ArrayLib, impls: Sequence[Impl], point: Point, *, seed: int, timing: Timing, l2_bytes: int | None,
+    flush: Callable[[], Any] | None = None
 ) -> PointResult:
-    """Makes the inputs (several sets when one would sit in L2), then checks and times each impl
-    (run_impls: in `rounds` turns)."""
+    """Makes the inputs, then checks and times each impl (run_impls). Under a timing that flushes L2
+    (`flush`: the array library's l2_flusher) one set of inputs serves; otherwise several sets are
+    rotated through when one would sit in L2."""
     scale = 1.0 / math.sqrt(point.headdim)
     try:
         first = lib.make_inputs(point, seed)
         working_set = first.nbytes + int(first.q.nbytes)  # q, k, v and the output
-        n_sets = input_sets_needed(working_set, l2_bytes)
+        n_sets = 1 if timing.flushes else input_sets_needed(working_set, l2_bytes)
         sets = [first] + [lib.make_inputs(point, seed + 3 * i) for i in range(1, n_sets)]
     except Unsupported as exc:
-        return PointResult(point, {impl.name: ImplResult(NOT_AVAILABLE, note=str(exc)) for impl in impls})
+        return PointResult(point, {impl.name: ImplResult(NOT_AVAILABLE, note=str(exc)) for impl in impls},
+                           timing=timing.kind)
     except Exception as exc:
         if not lib.is_oom(exc):
             raise
         return PointResult(
-            point, {impl.name: ImplResult(NOT_AVAILABLE, note="out of memory for the inputs") for impl in impls}
+            point, {impl.name: ImplResult(NOT_AVAILABLE, note="out of memory for the inputs") for impl in impls},
+            timing=timing.kind
         )
-    results = run_impls(lib, impls, point, sets, scale, warmup=warmup, iters=iters, rounds=rounds)
-    return PointResult(point, results, n_sets, working_set)
+    results = run_impls(lib, impls, point, sets, scale, timing=timing, flush=flush)
+    return PointResult(point, results, n_sets, working_set, timing=timing.kind)
 
 
 def _failure(impl: Impl, lib: ArrayLib, exc: BaseException) -> ImplResult:
@@ -61,23 +60,13 @@ def _failure(impl: Impl, lib: ArrayLib, exc: BaseException) -> ImplResult:
     return ImplResult(ERROR if under_test else NOT_AVAILABLE, note=short_error(exc))
 
 
-def rounds_plan(iters: int, rounds: int) -> tuple[int, int]:
-    """(rounds, timed calls per round) for `iters` timed calls in `rounds` turns: every round times
-    the same number, so the total is iters rounded up to a multiple of the rounds."""
-    rounds = max(1, min(rounds, iters))
-    return rounds, math.ceil(iters / rounds)
-
-
 def run_impls(
-    lib: ArrayLib, impls: Sequence[Impl], point: Point, sets: Sequence[Inputs], scale: float, *, warmup: int,
-    iters: int, rounds: int = 1
+    lib: ArrayLib, impls: Sequence[Impl], point: Point, sets: Sequence[Inputs], scale: float, *, timing: Timing,
+    flush: Callable[[], Any] | None = None
 ) -> dict[str, ImplResult]:
-    """Prepares every implementation and checks its first call's output, then times them in turns:
-    `rounds` rounds, each timing every implementation's share of the calls after a short warm-up,
-    in the listed order in even rounds and the reverse in odd ones. The GPU's clocks move with its
-    power and temperature over a run; taken in turns, every implementation sees the same moments,
-    and none is favoured by going first or last. Never raises for an implementation: what goes
-    wrong is its result's status."""
+    """Prepares every implementation and checks its first call's output (a JIT compiles there, before
+    any timing), then times all of them by `timing`'s schedule (timing.time_subjects). Never raises
+    for an implementation: what goes wrong is its result's status."""
     results: dict[str, ImplResult] = {}
     ready: list[tuple[Impl, Runner, Check, str]] = []
     for impl in impls:
@@ -94,23 +83,13 @@ def run_impls(
             results[impl.name] = _failure(impl, lib, exc)
             continue
         ready.append((impl, runner, check, scope))
-    rounds, per_round = rounds_plan(iters, rounds)
-    times: dict[str, list[float]] = {impl.name: [] for impl, *_ in ready}
-    for r in range(rounds):
-        turn = ready if r % 2 == 0 else ready[::-1]
-        for impl, runner, _, _ in turn:
-            if impl.name in results:  # failed in an earlier round
-                continue
-            try:
-                with runner.context():
-                    times[impl.name] += time_calls(lib, runner.calls, warmup if r == 0 else min(warmup, ROUND_WARMUP),
-                                                   per_round)
-            except Exception as exc:
-                results[impl.name] = _failure(impl, lib, exc)
+    timed = time_subjects(lib, [Subject(impl.name, runner.calls, runner.context) for impl, runner, *_ in ready],
+                          timing, flush)
     for impl, runner, check, scope in ready:
-        if impl.name in results:
+        if impl.name in timed.errors:
+            results[impl.name] = _failure(impl, lib, timed.errors[impl.name])
             continue
         status = FAIL if impl.name == SUBJECT and not check.ok else OK
-        results[impl.name] = ImplResult(status, times[impl.name], note=check.message if status == FAIL else "",
+        results[impl.name] = ImplResult(status, timed.times_ms[impl.name], note=check.message if status == FAIL else "",
                                         layout=runner.layout, check=check, check_scope=scope)
     return {impl.name: results[impl.name] for impl in impls}

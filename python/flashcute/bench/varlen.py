@@ -5,8 +5,9 @@
 The lengths are drawn log-uniformly from ``--min-len`` to ``--max-len`` (seeded) until
 ``--tokens`` tokens; bf16, causal. Useful TFLOP/s counts only the real tokens, FlashAttention's
 way: 4 * H * D * L^2 / 2 a sequence of length L. The padded call computes the padding too (its
-rows are masked in nothing but cost the same), which is what packing saves. Medians of
-CUDA-event-timed calls (flashcute.bench's timer). torch only.
+rows are masked in nothing but cost the same), which is what packing saves. Timed by
+flashcute.bench's standard timing (:mod:`flashcute.bench.timing`: a warm-up, every timed call after
+an L2 flush, the two calls in order and then in reverse, the median of ``--iters``). torch only.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from collections.abc import Sequence
 
 import flashcute
 
+from . import timing
 from .arrays import TorchLib
-from .timing import time_calls
+from .timing import Subject, Timing, time_subjects
 
 PROG = "flashcute.bench varlen"
 
@@ -43,6 +45,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: needs torch with a CUDA device ({exc})", file=sys.stderr)
         return 1
     torch = lib.m
+    how = Timing(timing.STANDARD, warmup=5, iters=a.iters)
+    flush_nbytes = timing.flush_bytes(lib.device_info().l2_bytes)
+    flush = lib.l2_flusher(flush_nbytes)
     rng = random.Random(a.seed)
     lens: list[int] = []
     while sum(lens) < a.tokens:
@@ -52,6 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"# {PROG}: {torch.cuda.get_device_name()}, bf16, causal, heads {h}:{hk}; {len(lens)} sequences of "
           f"{a.min_len}-{a.max_len} tokens (log-uniform, seed {a.seed}): {total} tokens, padded to "
           f"{len(lens)} x {longest} = {len(lens) * longest}")
+    print(f"# {PROG}: {how.method(flush_nbytes)}")
     print("headdim | varlen ms  TFLOP/s | padded ms  TFLOP/s | varlen/padded speed")
     cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32, device="cuda")
     for d in (int(x) for x in a.headdims.split(",")):
@@ -66,11 +72,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             s = int(cu[i])
             qp[i, longest - n:], kp[i, longest - n:], vp[i, longest - n:] = q[s:s + n], k[s:s + n], v[s:s + n]
 
-        def timed(fn):
-            return statistics.median(time_calls(lib, [fn], 5, a.iters))
-
-        t_var = timed(lambda: flashcute.flash_attn_varlen_func(q, k, v, cu, cu, longest, longest, causal=True))
-        t_pad = timed(lambda: flashcute.flash_attn_func(qp, kp, vp, causal=True))
+        varlen = lambda: flashcute.flash_attn_varlen_func(q, k, v, cu, cu, longest, longest, causal=True)  # noqa: E731
+        padded = lambda: flashcute.flash_attn_func(qp, kp, vp, causal=True)  # noqa: E731
+        timed = time_subjects(lib, [Subject("varlen", [varlen]), Subject("padded", [padded])], how, flush)
+        if timed.errors:
+            raise next(iter(timed.errors.values()))
+        t_var, t_pad = (statistics.median(timed.times_ms[name]) for name in ("varlen", "padded"))
         print(f"{d:7d} | {t_var:9.3f} {flops / t_var / 1e9:8.1f} | {t_pad:9.3f} {flops / t_pad / 1e9:8.1f} | "
               f"{t_pad / t_var:.2f}x", flush=True)
     return 0
