@@ -426,8 +426,20 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
       Tensor tSrQ_tile = tSrQ(_, _, _, q_stage);  // (MMA,MMA_M,MMA_K)
 
       // At each step, S of block n_block and O += P V of the block before it, both in flight at
-      // once; the softmax of S runs while P V still computes.
+      // once; the softmax of S runs while P V still computes. That P V completes at the top of the
+      // next step (or after the last), where O is rescaled if a row of this warp moved its
+      // maximum, the V buffer goes back and the new P is written. The wait sits behind the loop's
+      // branch: there it is one instruction for all four warps of the warpgroup (a branch on the
+      // warp's own vote would split them), and ptxas, which moves a wgmma wait to the top of its
+      // basic block, cannot move it above the softmax.
+      bool shrink = false;
       for (int n_block = n_top - 1; n_block >= tile.n_block_min; --n_block, ++step) {
+        if (n_block < n_top - 1) {
+          warpgroup_wait<0>();  // the last step's P V is done: O may be rescaled, P rewritten
+          if (shrink) softmax.rescale_o(acc_o_rc, rescale);
+          release(storage.v_empty[stage_of(step - 2)]);
+          convert_fragment_into(acc_s, rP);
+        }
         TxBarrier::wait(&storage.k_full[stage_of(step)], phase_of(step));
         TxBarrier::wait(&storage.v_full[stage_of(step - 1)], phase_of(step - 1));
         my_turn();
@@ -439,16 +451,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
         // The tile's last Q K^T is done: the producer may load a later tile's Q into this buffer
         // while this warpgroup still runs the last softmax and P V.
         if (n_block == tile.n_block_min) release(storage.q_empty[q_stage]);
-        const bool shrink = scores_to_probs(m0, n_block, mask_whole);
-        // The wait for P V on both sides of the branch: ptxas moves a wgmma wait to the top of its
-        // basic block, which would put it above the whole softmax (perf-notes v53).
-        if (shrink) {
-          warpgroup_wait<0>();  // P V is done: O may be rescaled, and P's registers rewritten
-          softmax.rescale_o(acc_o_rc, rescale);
-        } else {
-          warpgroup_wait<0>();
-        }
-        release(storage.v_empty[stage_of(step - 1)]);
+        shrink = scores_to_probs(m0, n_block, mask_whole);
+      }
+      if (n_top > tile.n_block_min) {
+        warpgroup_wait<0>();
+        if (shrink) softmax.rescale_o(acc_o_rc, rescale);
+        release(storage.v_empty[stage_of(step - 2)]);
         convert_fragment_into(acc_s, rP);
       }
       if (n_top == tile.n_block_min) release(storage.q_empty[q_stage]);  // (no loop step ran)
