@@ -28,7 +28,7 @@ def attn(q, k, v, **kw):
     return flashcute.flash_attn_func(q, k, v, **kw)
 
 
-ARGS = ("(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal, SymInt window_left, "
+ARGS = ("(Tensor q, Tensor k, Tensor v, float? softmax_scale, bool causal, SymInt window_left, "
         "SymInt window_right, float softcap)")
 
 
