@@ -19,6 +19,8 @@
 // The module is two files around src/ext_common.hpp: ext_ops.cpp defines the calls (src/ops.hpp's
 // operations), this one the queries and the module itself.
 
+#include <dlfcn.h>
+
 #include "ext_common.hpp"
 
 #ifdef FLASHCUTE_WITH_XLA_FFI
@@ -57,8 +59,20 @@ std::pair<int, cudaError_t> query_device_count() {
 
 int cuda_device_count() { return query_device_count().first; }
 
+// Whether the CUDA driver library can be loaded at all. Without it the runtime reports
+// cudaErrorInsufficientDriver, whose text ("CUDA driver version is insufficient") would send a
+// user of a machine without a GPU to upgrade a driver they do not have.
+bool driver_library_present() {
+  void* lib = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+  if (lib == nullptr) return false;
+  dlclose(lib);
+  return true;
+}
+
 std::string cuda_status() {
   auto [count, err] = query_device_count();
+  if ((err == cudaErrorInsufficientDriver || err == cudaErrorNoDevice) && !driver_library_present())
+    return std::string(cudaGetErrorName(err)) + ": no CUDA driver/GPU found (libcuda.so.1 cannot be loaded)";
   if (err != cudaSuccess) return std::string(cudaGetErrorName(err)) + ": " + cudaGetErrorString(err);
   if (count == 0) return "cudaSuccess: no CUDA device found";
   return "cudaSuccess: " + std::to_string(count) + " CUDA device(s)";
@@ -199,8 +213,8 @@ NB_MODULE(_C, m) {
   m.def("cuda_device_count", &cuda_device_count,
         "Number of visible CUDA devices; 0 when cudaGetDeviceCount fails (no driver, no device).");
   m.def("cuda_status", &cuda_status,
-        "Why cuda_device_count() returned what it did, e.g. 'cudaErrorInsufficientDriver: CUDA driver version "
-        "is insufficient for CUDA runtime version' or 'cudaSuccess: 1 CUDA device(s)'.");
+        "Why cuda_device_count() returned what it did, e.g. 'cudaErrorInsufficientDriver: no CUDA driver/GPU "
+        "found (libcuda.so.1 cannot be loaded)' or 'cudaSuccess: 1 CUDA device(s)'.");
   m.def("compiled_head_dims", &compiled_head_dims, "Kernel head dims compiled into this build, ascending.");
   m.def("compiled_dtypes", &compiled_dtypes, "Dtypes compiled into this build: a subset of ['float16', 'bfloat16'].");
   m.def("compiled_kernels", &compiled_kernels,
