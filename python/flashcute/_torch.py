@@ -11,7 +11,7 @@ descriptors (data pointer, shape, strides, dtype) of the tensors.
 
 ``flash_attn_func`` on torch tensors goes through the ops whenever something may be tracing it:
 under ``torch.compile``/``torch.export``, with a dispatch mode active (FakeTensorMode, FlopCounter,
-...) and for tensor subclasses. Plain eager calls take a fast path to the same ``fwd_raw`` that
+...) and for tensor subclasses. Plain eager calls take a fast path to the same ``_C.fwd`` that
 skips the op dispatcher; the kernel, the validation and the stream are the same either way.
 Every op is registered by one helper, ``_op`` (schema, CUDA kernel, fake, autograd).
 

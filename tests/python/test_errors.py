@@ -785,3 +785,45 @@ def test_merge_checks_each_argument():
         merge(out_a=np.asfortranarray(oa))
     with raises(TypeError, "out_a: expected a CUDA array, got a CPU numpy.ndarray"):
         flashcute.merge_attn_states(oa, la, ob, lb)
+
+
+# ------------------------------------------------------------------------------------ the registry
+
+
+def test_every_binding_has_the_same_functions():
+    # flash_attn_interface dispatches through the registry only: each framework's binding module
+    # answers every call, running it or refusing it by name.
+    import importlib
+
+    from flashcute import _args
+
+    names = ("flash_attn", "flash_attn_varlen", "flash_attn_bwd", "flash_attn_kvcache", "merge_attn_states")
+    bindings = {fw._binding_name for fw in (*_args._FRAMEWORKS, _args._DLPACK)}
+    assert bindings == {"._torch", "._cupy", "._jax", "._dlpack"}
+    for binding in sorted(bindings):
+        if binding in ("._torch", "._jax"):
+            pytest.importorskip(binding[2:])
+        module = importlib.import_module(binding, "flashcute")
+        for name in names:
+            assert callable(getattr(module, name, None)), (binding, name)
+
+
+def test_registry_recognises_arrays_by_type():
+    from flashcute import _args
+
+    class DlpackOnly:
+        def __dlpack__(self, **kw):
+            raise AssertionError("not exported to be recognised")
+
+        def __dlpack_device__(self):
+            return (2, 0)
+
+    assert _args._framework(np.zeros(3)).name == "numpy"
+    assert _args._framework(DlpackOnly()) is _args._DLPACK
+    assert type(DlpackOnly()) in _args._BY_TYPE  # the next call is one dict lookup
+    for not_an_array in ([1.0], "q", None, 3):
+        assert _args._framework(not_an_array) is None
+    with pytest.raises(TypeError, match="q: flash_attn_bwd allocates through torch or CuPy"):
+        flashcute.flash_attn_bwd(*[DlpackOnly()] * 6)
+    with pytest.raises(TypeError, match="out_a: merge_attn_states allocates through torch, CuPy or JAX"):
+        flashcute.merge_attn_states(*[DlpackOnly()] * 4)
