@@ -5,11 +5,10 @@ compiled validation's (plan_*), asked through flashcute._C.check_options."""
 
 from __future__ import annotations
 
-import importlib
 import numbers
 import operator
 import sys
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 from . import _C
 
@@ -26,16 +25,17 @@ _DEVICE_TYPE_NAMES = {1: "CPU", 2: "CUDA", 3: "CUDA host (pinned)", 10: "ROCm", 
 
 class _Framework:
     """One kind of array: how to recognise it, what makes one usable, and its binding: the module
-    (imported on first use) that runs the calls for it, with the same functions for every framework:
-    flash_attn, flash_attn_varlen, flash_attn_bwd, flash_attn_kvcache and merge_attn_states."""
+    (imported when the framework's first array is seen) that runs the calls for it, with the same
+    functions for every framework: flash_attn, flash_attn_varlen, flash_attn_bwd,
+    flash_attn_kvcache and merge_attn_states."""
 
-    def __init__(self, name: str, module: str, type_path: str, type_name: str, binding: str) -> None:
+    def __init__(self, name: str, module: str, type_path: str, type_name: str, load: Callable[[], Any]) -> None:
         self.name = name
         self.module = module  # its sys.modules key
         self.type_path = type_path  # the array type's attribute in that module
         self.type_name = type_name
-        self._binding_name = binding
-        self._binding: Any = None
+        self.load = load  # imports the binding: an import statement, which torch.compile can trace
+        self.binding: Any = None
 
     def array_type(self) -> Any:
         mod = sys.modules.get(self.module)
@@ -45,11 +45,25 @@ class _Framework:
         """Raises naming `name` unless x is a CUDA array flashcute can use (torch's binding checks
         the device itself; CuPy arrays are CUDA arrays)."""
 
-    @property
-    def binding(self) -> Any:
-        if self._binding is None:
-            self._binding = importlib.import_module(self._binding_name, __package__)
-        return self._binding
+
+def _load_torch() -> Any:
+    from . import _torch
+    return _torch
+
+
+def _load_cupy() -> Any:
+    from . import _cupy
+    return _cupy
+
+
+def _load_jax() -> Any:
+    from . import _jax
+    return _jax
+
+
+def _load_dlpack() -> Any:
+    from . import _dlpack
+    return _dlpack
 
 
 def _check_dlpack_device(name: str, x: Any) -> None:
@@ -88,17 +102,18 @@ class _AnyDlpack(_Framework):
 
 # In the order they are tried for a type seen the first time.
 _FRAMEWORKS = (
-    _Framework("torch", "torch", "Tensor", "torch.Tensor", "._torch"),
-    _Framework("cupy", "cupy", "ndarray", "cupy.ndarray", "._cupy"),
-    _Jax("jax", "jax", "Array", "jax.Array", "._jax"),
-    _Numpy("numpy", "numpy", "ndarray", "numpy.ndarray", "._dlpack"),
+    _Framework("torch", "torch", "Tensor", "torch.Tensor", _load_torch),
+    _Framework("cupy", "cupy", "ndarray", "cupy.ndarray", _load_cupy),
+    _Jax("jax", "jax", "Array", "jax.Array", _load_jax),
+    _Numpy("numpy", "numpy", "ndarray", "numpy.ndarray", _load_dlpack),
 )
-_DLPACK = _AnyDlpack("dlpack", "", "", "", "._dlpack")
+_DLPACK = _AnyDlpack("dlpack", "", "", "", _load_dlpack)
 _BY_TYPE: Dict[type, _Framework] = {}  # filled as types are seen: one dict lookup a call afterwards
 
 
 def _framework(x: Any) -> Optional[_Framework]:
-    """Which framework `x` belongs to, or None if it is not an array at all."""
+    """Which framework `x` belongs to, or None if it is not an array at all. The first array of a
+    framework imports its binding."""
     fw = _BY_TYPE.get(type(x))
     if fw is not None:
         return fw
@@ -110,6 +125,8 @@ def _framework(x: Any) -> Optional[_Framework]:
         if not (hasattr(type(x), "__dlpack__") and hasattr(type(x), "__dlpack_device__")):
             return None
         fw = _DLPACK
+    if fw.binding is None:
+        fw.binding = fw.load()
     _BY_TYPE[type(x)] = fw
     return fw
 
