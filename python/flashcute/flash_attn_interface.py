@@ -412,8 +412,6 @@ def flash_attn_with_kvcache(
                             ("block_table", block_table), ("out", out),
                             ("cache_seqlens", None if seqlens_int else cache_seqlens),
                             optional=("k", "v", "block_table", "out", "cache_seqlens"))
-        if (k is None) != (v is None):
-            raise ValueError(f"{'v' if v is None else 'k'}: k and v (the new keys and values) must be given together")
         out, lse = fw.binding.flash_attn_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, out, want_lse,
                                                  stream, options, num_splits)
     except (TypeError, ValueError):

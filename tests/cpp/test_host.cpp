@@ -1054,7 +1054,7 @@ TEST(PlanKvcache, RejectsEachArgumentByName) {
   expect_error(plan(a), StatusCode::kInvalidArgument, "k", "overflow a cache of 1024");
   a = good_paged_args();
   a.kvcache->v_new.reset();
-  expect_error(plan(a), StatusCode::kInvalidArgument, "v", "given together");
+  expect_error(plan(a), StatusCode::kInvalidArgument, "v", "v: k and v (the new keys and values) must be given together");
   a = good_paged_args();
   a.kvcache->v_new->shape[2] = 3;
   expect_error(plan(a), StatusCode::kInvalidArgument, "v", "(batch, seqlen_new, nheads_k, headdim)");

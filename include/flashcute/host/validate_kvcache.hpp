@@ -164,7 +164,9 @@ inline Status plan_fwd_kvcache(const FwdArgs& a, FwdPlan& plan) {
   }
   if (kv.k_new.has_value() != kv.v_new.has_value())
     return Status::invalid_argument(kv.k_new ? "v" : "k", "given together with " + std::string(kv.k_new ? "k" : "v"),
-                                    "None", std::string("k and v (the new keys and values) must be given together"));
+                                    "None",
+                                    std::string(kv.k_new ? "v" : "k") +
+                                        ": k and v (the new keys and values) must be given together, got None");
   if (kv.k_new) {
     if (!kv.cache_seqlens)
       return Status::invalid_argument("cache_seqlens", "an int32 (batch,) array when k and v are appended", "None",
