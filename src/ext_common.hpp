@@ -30,7 +30,6 @@ namespace nb = nanobind;
 
 namespace flashcute_ext {
 
-
 // Inputs are imported read-only (the most permissive import: a producer that flags its export
 // read-only is accepted); outputs writable, so a read-only array is refused as an output.
 using InArray = nb::ndarray<nb::ro>;
@@ -235,7 +234,10 @@ inline flashcute::AttnOptions options_from(nb::handle options) {
     type_error("options: expected a tuple (softmax_scale or None, causal, window_left, window_right, softcap)");
   flashcute::AttnOptions o;
   PyObject* scale = PyTuple_GET_ITEM(t, 0);
-  if (scale != Py_None) o.softmax_scale = PyFloat_AsDouble(scale);
+  if (scale != Py_None) {
+    o.softmax_scale = PyFloat_AsDouble(scale);
+    if (PyErr_Occurred()) throw nb::python_error();
+  }
   PyObject* causal = PyTuple_GET_ITEM(t, 1);
   if (!PyBool_Check(causal)) type_error("causal: expected a bool, got " + py_type_name(causal));
   o.causal = causal == Py_True;

@@ -824,3 +824,18 @@ def test_registry_recognises_arrays_by_type():
         flashcute.flash_attn_bwd(*[DlpackOnly()] * 6)
     with pytest.raises(TypeError, match="out_a: merge_attn_states allocates through torch, CuPy or JAX"):
         flashcute.merge_attn_states(*[DlpackOnly()] * 4)
+
+
+def test_options_tuple_is_read_strictly():
+    # The compiled entry points take the options as one tuple, as flashcute._args makes it.
+    q, k, v = qkv()
+    out = np.empty_like(q)
+    with raises(TypeError, "options: expected a tuple (softmax_scale or None, causal"):
+        _C.fwd(q, k, v, out, None, [0.125, False, -1, -1, 0.0], 0)
+    with raises(TypeError, "causal: expected a bool, got int"):
+        _C.fwd(q, k, v, out, None, (0.125, 1, -1, -1, 0.0), 0)
+    with pytest.raises(TypeError):
+        _C.fwd(q, k, v, out, None, ("0.125", False, -1, -1, 0.0), 0)
+    _C.check_options((None, True, 3, 0, 30.0), 128, 0, 2**31 - 1)  # valid: no error
+    with raises(ValueError, "num_splits: expected 0 (automatic) to 128, got -1"):
+        _C.check_options((None, False, -1, -1, 0.0), -1)
