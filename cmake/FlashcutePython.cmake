@@ -17,8 +17,7 @@ endif()
 find_package(nanobind CONFIG REQUIRED)
 
 include(FlashcuteXlaFfi)
-nanobind_add_module(_C NB_STATIC "${PROJECT_SOURCE_DIR}/src/flashcute_ext.cpp" "${PROJECT_SOURCE_DIR}/src/ext_dlpack.cpp"
-                    "${PROJECT_SOURCE_DIR}/src/ext_raw.cpp" "${PROJECT_SOURCE_DIR}/src/ext_kvcache.cpp")
+nanobind_add_module(_C NB_STATIC "${PROJECT_SOURCE_DIR}/src/flashcute_ext.cpp" "${PROJECT_SOURCE_DIR}/src/ext_ops.cpp")
 target_link_libraries(_C PRIVATE flashcute_kernels CUDA::cudart_static)
 if(FLASHCUTE_XLA_FFI_INCLUDE_DIR)
   target_sources(_C PRIVATE "${PROJECT_SOURCE_DIR}/src/xla_ffi.cpp")

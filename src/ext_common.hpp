@@ -1,6 +1,7 @@
 // src/ext_common.hpp: what the parts of flashcute._C share (src/flashcute_ext.cpp says what the
-// module is): array import from DLPack or from (data_ptr, shape, strides, dtype) descriptors, the
-// exceptions, device checks, the launch without the GIL, and the entry points each part defines.
+// module is): the exceptions, the two array sources of the Python side (DLPack arrays, and
+// (data_ptr, shape, strides, dtype) descriptors; src/ops.hpp says what a source is), the options
+// tuple, the launch without the GIL, and the entry points each part defines.
 #pragma once
 
 #include <nanobind/nanobind.h>
@@ -21,12 +22,13 @@
 #include <utility>
 #include <vector>
 
+#include "array_ref.hpp"
 #include "flashcute/host/api.hpp"
+#include "ops.hpp"
 
 namespace nb = nanobind;
 
 namespace flashcute_ext {
-
 
 // Inputs are imported read-only (the most permissive import: a producer that flags its export
 // read-only is accepted); outputs writable, so a read-only array is refused as an output.
@@ -128,67 +130,6 @@ inline std::string py_type_name(nb::handle h) {
              (obj.is_valid() ? py_type_name(obj) : std::string("nothing")));
 }
 
-// One imported array: the ndarray that keeps it alive, its description for the core, and the
-// storage of its dtype's name (TensorRef::dtype_label points into it).
-template <class Array, class Ref>
-struct Imported {
-  Array array;
-  Ref ref;
-  std::string dtype_label;
-
-  Imported() = default;
-  // ref.dtype_label points into dtype_label: a copy or move (into a std::optional, say) re-points it.
-  Imported(const Imported& o) : array(o.array), ref(o.ref), dtype_label(o.dtype_label) { relabel(); }
-  Imported(Imported&& o) noexcept
-      : array(std::move(o.array)), ref(o.ref), dtype_label(std::move(o.dtype_label)) { relabel(); }
-  Imported& operator=(const Imported& o) { return *this = Imported(o); }
-  Imported& operator=(Imported&& o) noexcept {
-    array = std::move(o.array);
-    ref = o.ref;
-    dtype_label = std::move(o.dtype_label);
-    relabel();
-    return *this;
-  }
-  void relabel() { ref.dtype_label = dtype_label.c_str(); }
-
-  void describe() {
-    dtype_label = dtype_name(array.dtype());
-    ref.data = array.data();
-    ref.dtype = to_dtype(array.dtype());
-    ref.dtype_label = dtype_label.c_str();
-    ref.rank = int(array.ndim());
-    for (int i = 0; i < ref.rank && i < flashcute::TensorRef::kMaxRank; ++i) {
-      ref.shape[i] = array.shape_ptr()[i];
-      ref.stride[i] = array.stride_ptr()[i];
-    }
-  }
-};
-using Input = Imported<InArray, flashcute::TensorRef>;
-using Output = Imported<OutArray, flashcute::MutableTensorRef>;
-
-inline Input import_input(const char* name, nb::handle obj) {
-  Input in;
-  if (!obj.is_valid() || obj.is_none() || !nb::try_cast<InArray>(obj, in.array, /*convert=*/false) ||
-      !in.array.is_valid())
-    not_an_array(name, obj);
-  in.describe();
-  return in;
-}
-
-inline Output import_output(const char* name, nb::handle obj) {
-  Output out;
-  if (!obj.is_valid() || obj.is_none()) not_an_array(name, obj);
-  if (!nb::try_cast<OutArray>(obj, out.array, /*convert=*/false) || !out.array.is_valid()) {
-    InArray ro;
-    if (nb::try_cast<InArray>(obj, ro, /*convert=*/false) && ro.is_valid())
-      type_error(std::string(name) + ": expected a writable array, got a read-only " + py_type_name(obj) +
-                 " (flashcute writes its result into " + name + ")");
-    not_an_array(name, obj);
-  }
-  out.describe();
-  return out;
-}
-
 inline std::string device_type_name(int t) {
   switch (t) {
     case 1: return "CPU";
@@ -207,17 +148,6 @@ inline std::string device_type_name(int t) {
     case 16: return "Hexagon";
     default: return "unknown";
   }
-}
-
-template <class Array>
-inline void check_device(const char* name, const Array& a, const InArray& q) {
-  const int t = a.device_type();
-  if (t != kDLCUDA && t != kDLCUDAManaged)
-    type_error(std::string(name) + ": expected a CUDA array, got a " + device_type_name(t) + " array (device type " +
-               std::to_string(t) + ")");
-  if (a.device_id() != q.device_id())
-    value_error(std::string(name) + ": on cuda:" + std::to_string(a.device_id()) + " but q is on cuda:" +
-                std::to_string(q.device_id()));
 }
 
 // ---------------------------------------------------------------------------
@@ -294,129 +224,208 @@ inline void launch_on_device(const Plan& plan, int device, int64_t stream, bool 
 }
 
 // ---------------------------------------------------------------------------
-// varlen: the cu_seqlens arrays of a variable-length call (both None for a fixed-length one)
+// The options: one tuple (softmax_scale or None, causal, window_left, window_right, softcap), as
+// flashcute._args._parse_options makes it, read once into the AttnOptions that plan_* reads.
 // ---------------------------------------------------------------------------
 
-inline bool given(nb::handle h) { return h.is_valid() && !h.is_none(); }
-
-inline void check_varlen_pair(nb::handle cu_q, nb::handle cu_k) {
-  if (given(cu_q) != given(cu_k))
-    value_error(std::string(given(cu_q) ? "cu_seqlens_k" : "cu_seqlens_q") +
-                ": a variable-length call takes both cu_seqlens_q and cu_seqlens_k (int32 (batch + 1,) arrays), "
-                "got only " + (given(cu_q) ? "cu_seqlens_q" : "cu_seqlens_k"));
+inline flashcute::AttnOptions options_from(nb::handle options) {
+  PyObject* t = options.ptr();
+  if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 5)
+    type_error("options: expected a tuple (softmax_scale or None, causal, window_left, window_right, softcap)");
+  flashcute::AttnOptions o;
+  PyObject* scale = PyTuple_GET_ITEM(t, 0);
+  if (scale != Py_None) {
+    o.softmax_scale = PyFloat_AsDouble(scale);
+    if (PyErr_Occurred()) throw nb::python_error();
+  }
+  PyObject* causal = PyTuple_GET_ITEM(t, 1);
+  if (!PyBool_Check(causal)) type_error("causal: expected a bool, got " + py_type_name(causal));
+  o.causal = causal == Py_True;
+  o.window_left = PyLong_AsLongLong(PyTuple_GET_ITEM(t, 2));
+  o.window_right = PyLong_AsLongLong(PyTuple_GET_ITEM(t, 3));
+  o.softcap = PyFloat_AsDouble(PyTuple_GET_ITEM(t, 4));
+  if (PyErr_Occurred()) throw nb::python_error();
+  return o;
 }
 
-// DLPack arrays: imported, and device-checked by the caller after the validation.
-struct VarlenInputs {
-  std::optional<Input> cu_q, cu_k;
+// ---------------------------------------------------------------------------
+// DlpackArrays: the array source of DLPack arrays (src/ops.hpp). nanobind imports each one (and
+// keeps it alive); the device each lives on is checked after the validation, so that every
+// structural message can be tested with NumPy arrays on a machine without a GPU.
+// ---------------------------------------------------------------------------
 
-  VarlenInputs(nb::handle q_obj, nb::handle k_obj) {
-    check_varlen_pair(q_obj, k_obj);
-    if (!given(q_obj)) return;
-    cu_q = import_input("cu_seqlens_q", q_obj);
-    cu_k = import_input("cu_seqlens_k", k_obj);
+class DlpackArrays {
+ public:
+  using In = nb::handle;
+  using Out = nb::handle;
+  static constexpr bool check_stream_device = true;  // a user-given stream: ask which device it is on
+
+  static bool given(nb::handle h) { return h.is_valid() && !h.is_none(); }
+
+  flashcute::TensorRef in(const char* name, nb::handle obj) {
+    Kept& k = keep(name);
+    if (!given(obj) || !nb::try_cast<InArray>(obj, k.in, /*convert=*/false) || !k.in.is_valid())
+      not_an_array(name, obj);
+    return describe<flashcute::TensorRef>(k, k.in);
   }
-  std::optional<flashcute::VarlenArgs> args(int64_t max_q, int64_t max_k) const {
-    if (!cu_q) return std::nullopt;
-    return flashcute::VarlenArgs{cu_q->ref, cu_k->ref, max_q, max_k};
+
+  flashcute::MutableTensorRef out(const char* name, nb::handle obj) {
+    Kept& k = keep(name);
+    if (!given(obj)) not_an_array(name, obj);
+    if (!nb::try_cast<OutArray>(obj, k.out, /*convert=*/false) || !k.out.is_valid()) {
+      InArray ro;
+      if (nb::try_cast<InArray>(obj, ro, /*convert=*/false) && ro.is_valid())
+        type_error(std::string(name) + ": expected a writable array, got a read-only " + py_type_name(obj) +
+                   " (flashcute writes its result into " + name + ")");
+      not_an_array(name, obj);
+    }
+    return describe<flashcute::MutableTensorRef>(k, k.out);
   }
-  void check_devices(const InArray& q) const {
-    if (!cu_q) return;
-    check_device("cu_seqlens_q", cu_q->array, q);
-    check_device("cu_seqlens_k", cu_k->array, q);
+
+  // Every array a CUDA array on the first one's device.
+  void check_devices() const {
+    for (int i = 0; i < n_; ++i) {
+      const Kept& k = kept_[i];
+      if (k.device_type != kDLCUDA && k.device_type != kDLCUDAManaged)
+        type_error(std::string(k.name) + ": expected a CUDA array, got a " + device_type_name(k.device_type) +
+                   " array (device type " + std::to_string(k.device_type) + ")");
+      if (k.device_id != kept_[0].device_id)
+        value_error(std::string(k.name) + ": on cuda:" + std::to_string(k.device_id) + " but " + kept_[0].name +
+                    " is on cuda:" + std::to_string(kept_[0].device_id));
+    }
+  }
+  int device() const { return n_ > 0 ? kept_[0].device_id : 0; }
+
+ private:
+  static constexpr int kMaxArrays = 12;  // the backward's 10 and its cu_seqlens
+  struct Kept {
+    InArray in;
+    OutArray out;
+    const char* name = "";
+    int device_type = 0, device_id = 0;
+    std::string label;  // a dtype flashcute has no DType for, by name
+  };
+
+  Kept& keep(const char* name) {
+    if (n_ == kMaxArrays) raise(PyExc_RuntimeError, "flashcute: internal error: too many arrays in one call");
+    Kept& k = kept_[n_++];
+    k.name = name;
+    return k;
+  }
+
+  template <class Ref, class Array>
+  static Ref describe(Kept& k, const Array& a) {
+    k.device_type = a.device_type();
+    k.device_id = a.device_id();
+    const flashcute::DType dtype = to_dtype(a.dtype());
+    if (dtype == flashcute::DType::kOther) k.label = dtype_name(a.dtype());
+    return array_ref<Ref>(a.data(), dtype, k.label.c_str(), int(a.ndim()), a.shape_ptr(), a.stride_ptr());
+  }
+
+  Kept kept_[kMaxArrays];
+  int n_ = 0;
+};
+
+// ---------------------------------------------------------------------------
+// Descriptors: the array source of (data_ptr, shape, strides, dtype name) tuples (src/ops.hpp),
+// the torch binding's eager fast path: its framework already checked that the arrays live on
+// one CUDA device, `device`, and the descriptors are built in Python from the arrays' own
+// attributes, which costs less than a DLPack export. strides None: contiguous (a tracer's
+// stand-in, check_fwd). Read with the tuple API: this runs four times on every eager call.
+// ---------------------------------------------------------------------------
+
+class Descriptors {
+ public:
+  using In = nb::handle;
+  using Out = nb::handle;
+
+  Descriptors(int device, bool check_stream) : check_stream_device(check_stream), device_(device) {}
+  const bool check_stream_device;  // false: `stream` is the framework's current stream of `device`
+
+  static bool given(nb::handle h) { return h.is_valid() && !h.is_none(); }
+  flashcute::TensorRef in(const char* name, nb::handle desc) { return ref<flashcute::TensorRef>(name, desc); }
+  flashcute::MutableTensorRef out(const char* name, nb::handle desc) {
+    return ref<flashcute::MutableTensorRef>(name, desc);
+  }
+  void check_devices() const {}
+  int device() const { return device_; }
+
+ private:
+  int device_;
+
+  // A tuple of ints (torch.Size and Tensor.stride() are tuples) into out[]; returns its length.
+  static int read_ints(const char* name, PyObject* seq, int64_t* out) {
+    if (!PyTuple_Check(seq)) type_error(std::string(name) + ": expected the shape and strides as tuples of ints");
+    const Py_ssize_t n = PyTuple_GET_SIZE(seq);
+    for (Py_ssize_t i = 0; i < n && i < flashcute::TensorRef::kMaxRank; ++i) {
+      out[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(seq, i));
+      if (out[i] == -1 && PyErr_Occurred()) throw nb::python_error();
+    }
+    return int(n);
+  }
+
+  template <class Ref>
+  static Ref ref(const char* name, nb::handle desc) {
+    PyObject* t = desc.ptr();
+    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 4 || !PyUnicode_Check(PyTuple_GET_ITEM(t, 3)))
+      type_error(std::string(name) + ": expected a (data_ptr, shape, strides, dtype) descriptor");
+    const unsigned long long ptr = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(t, 0));
+    if (PyErr_Occurred()) throw nb::python_error();
+    int64_t shape[flashcute::TensorRef::kMaxRank], strides[flashcute::TensorRef::kMaxRank];
+    const int rank = read_ints(name, PyTuple_GET_ITEM(t, 1), shape);
+    PyObject* stride_obj = PyTuple_GET_ITEM(t, 2);
+    if (stride_obj != Py_None && read_ints(name, stride_obj, strides) != rank)
+      value_error(std::string(name) + ": shape and strides differ in length");
+    const char* label = PyUnicode_AsUTF8(PyTuple_GET_ITEM(t, 3));  // lives as long as the descriptor
+    if (!label) throw nb::python_error();
+    return array_ref<Ref>(reinterpret_cast<const void*>(static_cast<std::uintptr_t>(ptr)), dtype_from_name(label),
+                          label, rank, shape, stride_obj == Py_None ? nullptr : strides);
   }
 };
 
-
-// ---------------------------------------------------------------------------
-// fwd_raw: the same call with arrays described by plain values (the framework's eager fast path)
-// ---------------------------------------------------------------------------
-
-inline flashcute::DType dtype_from_name(const std::string& name) {
-  if (name == "float16") return flashcute::DType::kFloat16;
-  if (name == "bfloat16") return flashcute::DType::kBFloat16;
-  if (name == "float32") return flashcute::DType::kFloat32;
-  if (name == "int32") return flashcute::DType::kInt32;
-  return flashcute::DType::kOther;
+inline void check_stream(int64_t stream) {
+  if (stream < 0) value_error("stream: expected a CUDA stream handle >= 0, got " + std::to_string(stream));
 }
 
-// A tuple of ints (torch.Size and Tensor.stride() are tuples) into out[]; returns its length.
-// Read with the tuple API: this runs four times on every eager call.
-inline size_t read_ints(const char* name, PyObject* seq, int64_t* out) {
-  if (!PyTuple_Check(seq)) type_error(std::string(name) + ": expected the shape and strides as tuples of ints");
-  const Py_ssize_t n = PyTuple_GET_SIZE(seq);
-  for (Py_ssize_t i = 0; i < n && i < flashcute::TensorRef::kMaxRank; ++i) {
-    out[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(seq, i));
-    if (out[i] == -1 && PyErr_Occurred()) throw nb::python_error();
+inline void check_ok(const flashcute::Status& st) {
+  if (!st.ok()) raise_status(st);
+}
+
+// After the validation: the devices, then (unless there is nothing to do) the launch.
+template <class Source, class Plan>
+void launch_checked(const Source& s, const Plan& plan, int64_t stream) {
+  s.check_devices();
+  if (!plan.empty) launch_on_device(plan, s.device(), stream, s.check_stream_device);
+}
+
+// Runs `op(source)` on the source the call's arrays come in: DLPack arrays (device < 0) or
+// descriptors on CUDA device `device`.
+template <class Op>
+auto with_source(int device, bool check_stream_device, Op&& op) {
+  if (device < 0) {
+    DlpackArrays s;
+    return op(s);
   }
-  return size_t(n);
+  Descriptors s(device, check_stream_device);
+  return op(s);
 }
 
-// (data_ptr, shape, strides, dtype name) -> TensorRef; `label` keeps the dtype name alive.
-template <class Ref>
-inline Ref ref_from_desc(const char* name, nb::handle desc, std::string& label) {
-  PyObject* t = desc.ptr();
-  if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 4)
-    type_error(std::string(name) + ": expected a (data_ptr, shape, strides, dtype) descriptor");
-  Ref r;
-  const unsigned long long ptr = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(t, 0));
-  if (PyErr_Occurred()) throw nb::python_error();
-  r.data = reinterpret_cast<const void*>(static_cast<std::uintptr_t>(ptr));
-  const size_t rank = read_ints(name, PyTuple_GET_ITEM(t, 1), r.shape);
-  if (read_ints(name, PyTuple_GET_ITEM(t, 2), r.stride) != rank)
-    value_error(std::string(name) + ": shape and strides differ in length");
-  r.rank = int(rank);
-  label = nb::cast<std::string>(nb::handle(PyTuple_GET_ITEM(t, 3)));
-  r.dtype = dtype_from_name(label);
-  r.dtype_label = label.c_str();
-  return r;
-}
-
-
-// The varlen arguments of a raw call: descriptors like the arrays'.
-inline std::optional<flashcute::VarlenArgs> varlen_from_desc(nb::handle cu_q, nb::handle cu_k, int64_t max_q, int64_t max_k,
-                                                      std::string* labels) {
-  check_varlen_pair(cu_q, cu_k);
-  if (!given(cu_q)) return std::nullopt;
-  return flashcute::VarlenArgs{ref_from_desc<flashcute::TensorRef>("cu_seqlens_q", cu_q, labels[0]),
-                               ref_from_desc<flashcute::TensorRef>("cu_seqlens_k", cu_k, labels[1]), max_q, max_k};
-}
-
-// The entry points. src/ext_dlpack.cpp: DLPack arrays (CuPy, any producer) and the trace-time check;
-// src/ext_raw.cpp: descriptors (the torch fast path and ops).
-void fwd(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse, double softmax_scale, bool causal,
-         int64_t window_left, int64_t window_right, double softcap, int64_t stream, nb::handle cu_seqlens_q,
-         nb::handle cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k);
-void fwd_raw(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse, double softmax_scale,
-             bool causal, int64_t window_left, int64_t window_right, double softcap, int device, int64_t stream,
-             bool check_stream_device, nb::handle cu_seqlens_q, nb::handle cu_seqlens_k, int64_t max_seqlen_q,
-             int64_t max_seqlen_k);
+// The entry points: src/ext_ops.cpp (each operation, for either source), src/flashcute_ext.cpp
+// (the module).
+void fwd(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse, nb::handle options, int64_t stream,
+         int device, bool check_stream_device, nb::handle cu_seqlens_q, nb::handle cu_seqlens_k, int64_t max_seqlen_q,
+         int64_t max_seqlen_k);
 void bwd(nb::handle dout, nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse, nb::handle dq,
-         nb::handle dk, nb::handle dv, nb::handle workspace, double softmax_scale, bool causal, int64_t window_left,
-         int64_t window_right, double softcap, bool deterministic, int64_t stream, nb::handle cu_seqlens_q,
-         nb::handle cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k);
-void bwd_raw(nb::handle dout, nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse, nb::handle dq,
-             nb::handle dk, nb::handle dv, nb::handle workspace, double softmax_scale, bool causal,
-             int64_t window_left, int64_t window_right, double softcap, bool deterministic, int device,
-             int64_t stream, bool check_stream_device, nb::handle cu_seqlens_q, nb::handle cu_seqlens_k,
-             int64_t max_seqlen_q, int64_t max_seqlen_k);
+         nb::handle dk, nb::handle dv, nb::handle workspace, nb::handle options, bool deterministic, int64_t stream,
+         int device, bool check_stream_device, nb::handle cu_seqlens_q, nb::handle cu_seqlens_k, int64_t max_seqlen_q,
+         int64_t max_seqlen_k);
 void merge(nb::handle out_a, nb::handle lse_a, nb::handle out_b, nb::handle lse_b, nb::handle out, nb::handle lse,
-           int64_t stream);
-void merge_raw(nb::handle out_a, nb::handle lse_a, nb::handle out_b, nb::handle lse_b, nb::handle out, nb::handle lse,
-               int device, int64_t stream, bool check_stream_device);
+           int64_t stream, int device, bool check_stream_device);
 int fwd_kvcache(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handle out, nb::handle lse, nb::handle k,
                 nb::handle v, nb::handle cache_seqlens, nb::handle block_table, nb::handle workspace_alloc,
-                double softmax_scale, bool causal, int64_t window_left, int64_t window_right, double softcap,
-                int64_t num_splits, int64_t stream);
-int fwd_kvcache_raw(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handle out, nb::handle lse, nb::handle k,
-                    nb::handle v, nb::handle cache_seqlens, nb::handle block_table, nb::handle workspace_alloc,
-                    double softmax_scale, bool causal, int64_t window_left, int64_t window_right, double softcap,
-                    int64_t num_splits, int device, int64_t stream, bool check_stream_device);
-void check_fwd(std::vector<int64_t> q_shape, std::vector<int64_t> k_shape, std::vector<int64_t> v_shape,
-               std::string q_dtype, std::string k_dtype, std::string v_dtype, double softmax_scale, bool causal,
-               int64_t window_left, int64_t window_right, double softcap,
-               std::optional<std::vector<int64_t>> cu_seqlens_q_shape, std::optional<std::vector<int64_t>> cu_seqlens_k_shape,
-               std::string cu_seqlens_q_dtype, std::string cu_seqlens_k_dtype, int64_t max_seqlen_q,
-               int64_t max_seqlen_k);
+                nb::handle options, int64_t num_splits, int64_t stream, int device, bool check_stream_device);
+void check_fwd(nb::handle q, nb::handle k, nb::handle v, nb::handle options, nb::handle cu_seqlens_q,
+               nb::handle cu_seqlens_k, int64_t max_seqlen_q, int64_t max_seqlen_k);
+void check_options(nb::handle options, int64_t num_splits, int64_t max_seqlen_q, int64_t max_seqlen_k);
 
 }  // namespace flashcute_ext

@@ -16,8 +16,10 @@
 // on a machine without a GPU (CI). Only the host headers are included: the kernels live in the
 // prebuilt flashcute_kernels library this module links against.
 //
-// The module is three files around src/ext_common.hpp: ext_dlpack.cpp and ext_raw.cpp define the
-// calls, this one the queries and the module itself.
+// The module is two files around src/ext_common.hpp: ext_ops.cpp defines the calls (src/ops.hpp's
+// operations), this one the queries and the module itself.
+
+#include <dlfcn.h>
 
 #include "ext_common.hpp"
 
@@ -57,8 +59,20 @@ std::pair<int, cudaError_t> query_device_count() {
 
 int cuda_device_count() { return query_device_count().first; }
 
+// Whether the CUDA driver library can be loaded at all. Without it the runtime reports
+// cudaErrorInsufficientDriver, whose text ("CUDA driver version is insufficient") would send a
+// user of a machine without a GPU to upgrade a driver they do not have.
+bool driver_library_present() {
+  void* lib = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+  if (lib == nullptr) return false;
+  dlclose(lib);
+  return true;
+}
+
 std::string cuda_status() {
   auto [count, err] = query_device_count();
+  if ((err == cudaErrorInsufficientDriver || err == cudaErrorNoDevice) && !driver_library_present())
+    return std::string(cudaGetErrorName(err)) + ": no CUDA driver/GPU found (libcuda.so.1 cannot be loaded)";
   if (err != cudaSuccess) return std::string(cudaGetErrorName(err)) + ": " + cudaGetErrorString(err);
   if (count == 0) return "cudaSuccess: no CUDA device found";
   return "cudaSuccess: " + std::to_string(count) + " CUDA device(s)";
@@ -139,68 +153,58 @@ NB_MODULE(_C, m) {
     m.attr("KERNEL_HEAD_DIMS") = nb::steal<nb::tuple>(PySequence_Tuple(all.ptr()));
   }
 
-  // The arrays are taken as plain objects (None included) so that fwd() itself can say which
-  // argument is wrong and why, instead of nanobind's generic overload error.
-  m.def("fwd", &fwd, "q"_a.none(), "k"_a.none(), "v"_a.none(), "out"_a.none(), "lse"_a.none(), "softmax_scale"_a,
-        "causal"_a, "window_left"_a, "window_right"_a, "softcap"_a, "stream"_a, "cu_seqlens_q"_a.none() = nb::none(), "cu_seqlens_k"_a.none() = nb::none(), "max_seqlen_q"_a = 0,
-        "max_seqlen_k"_a = 0,
+  // The arrays are taken as plain objects (None included) so that each entry itself can say which
+  // argument is wrong and why, instead of nanobind's generic overload error. Every entry takes
+  // either source of arrays: DLPack arrays (device -1, the default) or (data_ptr, shape, strides,
+  // dtype name) descriptors on CUDA device `device` (the torch binding's fast path: no DLPack
+  // export; the caller checked the devices, and check_stream_device=False says `stream` is the
+  // framework's current stream there).
+  m.def("fwd", &fwd, "q"_a.none(), "k"_a.none(), "v"_a.none(), "out"_a.none(), "lse"_a.none(), "options"_a,
+        "stream"_a, "device"_a = -1, "check_stream_device"_a = true, "cu_seqlens_q"_a.none() = nb::none(),
+        "cu_seqlens_k"_a.none() = nb::none(), "max_seqlen_q"_a = 0, "max_seqlen_k"_a = 0,
         "Runs the attention forward pass, writing `out` (and `lse` unless None) on `stream`.\n\n"
         "q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_k, headdim); float16 or\n"
         "bfloat16, all the same; the last dim contiguous, batch/row/head strides multiples of 8 elements,\n"
-        "16-byte aligned. out: like q, writable. lse: None or float32 (batch, nheads, seqlen_q). stream:\n"
-        "a cudaStream_t as an int. Never synchronises. Raises TypeError / ValueError naming the argument\n"
-        "(with .arg, .expected and .got), NotImplementedError for a dtype / head dim left out of the\n"
-        "build, RuntimeError for CUDA errors.\n\n"
+        "16-byte aligned. out: like q, writable. lse: None or float32 (batch, nheads, seqlen_q). options:\n"
+        "(softmax_scale or None, causal, window_left, window_right, softcap). stream: a cudaStream_t as an\n"
+        "int. Never synchronises. Raises TypeError / ValueError naming the argument (with .arg, .expected\n"
+        "and .got), NotImplementedError for a dtype / head dim left out of the build, RuntimeError for CUDA\n"
+        "errors.\n\n"
         "Variable-length batch: cu_seqlens_q and cu_seqlens_k, int32 (batch + 1,) CUDA arrays, with\n"
         "max_seqlen_q / max_seqlen_k; q, k, v, out are then (total, heads, headdim) and lse (nheads, total_q).");
-  m.def("fwd_raw", &fwd_raw, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a.none(), "softmax_scale"_a, "causal"_a,
-        "window_left"_a, "window_right"_a, "softcap"_a, "device"_a, "stream"_a, "check_stream_device"_a, "cu_seqlens_q"_a.none() = nb::none(), "cu_seqlens_k"_a.none() = nb::none(), "max_seqlen_q"_a = 0,
-        "max_seqlen_k"_a = 0,
-        "fwd() for arrays described as (data_ptr, shape, strides, dtype name) tuples on CUDA device `device`\n"
-        "(the caller checked that). The eager fast path of the torch binding: no DLPack export.");
   m.def("fwd_kvcache", &fwd_kvcache, "q"_a.none(), "k_cache"_a.none(), "v_cache"_a.none(), "out"_a.none(),
         "lse"_a.none(), "k"_a.none(), "v"_a.none(), "cache_seqlens"_a.none(), "block_table"_a.none(),
-        "workspace_alloc"_a.none(), "softmax_scale"_a, "causal"_a, "window_left"_a, "window_right"_a, "softcap"_a,
-        "num_splits"_a, "stream"_a,
+        "workspace_alloc"_a.none(), "options"_a, "num_splits"_a, "stream"_a, "device"_a = -1,
+        "check_stream_device"_a = true,
         "Attention over a KV cache (flash_attn_with_kvcache), writing `out` (and `lse` unless None) on\n"
         "`stream`; returns the number of key splits that ran.\n\n"
         "k_cache, v_cache: (batch, seqlen_cache, nheads_k, headdim), or paged (num_blocks, page_size,\n"
         "nheads_k, headdim) with block_table int32 (batch, max_num_blocks_per_seq). cache_seqlens: None or\n"
         "int32 (batch,). k, v: None or (batch, seqlen_new, nheads_k, headdim), written into the cache at\n"
         "cache_seqlens before attending. num_splits: 0 chooses. workspace_alloc(n): returns a float32\n"
-        "array of n elements, asked only when the keys are split. Never synchronises.");
-  m.def("fwd_kvcache_raw", &fwd_kvcache_raw, "q"_a, "k_cache"_a, "v_cache"_a, "out"_a, "lse"_a.none(), "k"_a.none(),
-        "v"_a.none(), "cache_seqlens"_a.none(), "block_table"_a.none(), "workspace_alloc"_a.none(), "softmax_scale"_a,
-        "causal"_a, "window_left"_a, "window_right"_a, "softcap"_a, "num_splits"_a, "device"_a, "stream"_a,
-        "check_stream_device"_a,
-        "fwd_kvcache() for arrays described as (data_ptr, shape, strides, dtype name) tuples on CUDA device\n"
-        "`device`; workspace_alloc(n) returns such a descriptor.");
-  m.def("check_fwd", &check_fwd, "q_shape"_a, "k_shape"_a, "v_shape"_a, "q_dtype"_a, "k_dtype"_a, "v_dtype"_a,
-        "softmax_scale"_a, "causal"_a, "window_left"_a, "window_right"_a, "softcap"_a,
-        "cu_seqlens_q_shape"_a.none() = nb::none(), "cu_seqlens_k_shape"_a.none() = nb::none(),
-        "cu_seqlens_q_dtype"_a = "int32", "cu_seqlens_k_dtype"_a = "int32", "max_seqlen_q"_a = 0, "max_seqlen_k"_a = 0,
-        "The validation of fwd() for contiguous arrays of these shapes and dtype names, as tracers see them\n"
-        "(torch.compile, jax.jit): raises what fwd() would raise for them; launches nothing.");
+        "array (a descriptor, for descriptors) of n elements, asked only when the keys are split. Never\n"
+        "synchronises.");
+  m.def("check_fwd", &check_fwd, "q"_a, "k"_a, "v"_a, "options"_a, "cu_seqlens_q"_a.none() = nb::none(),
+        "cu_seqlens_k"_a.none() = nb::none(), "max_seqlen_q"_a = 0, "max_seqlen_k"_a = 0,
+        "The validation of fwd() for arrays as tracers see them (torch.compile, jax.jit): descriptors whose\n"
+        "strides may be None (contiguous); out is taken to be like q. Raises what fwd() would raise for\n"
+        "them; launches nothing.");
+  m.def("check_options", &check_options, "options"_a, "num_splits"_a = 0, "max_seqlen_q"_a = 0, "max_seqlen_k"_a = 0,
+        "The rules of the plain arguments (the options tuple of fwd(), num_splits, the varlen max seqlens)\n"
+        "alone, as fwd() applies them: raises ValueError naming the argument.");
   m.def("bwd", &bwd, "dout"_a.none(), "q"_a.none(), "k"_a.none(), "v"_a.none(), "out"_a.none(), "lse"_a.none(),
-        "dq"_a.none(), "dk"_a.none(), "dv"_a.none(), "workspace"_a.none(), "softmax_scale"_a, "causal"_a,
-        "window_left"_a, "window_right"_a, "softcap"_a, "deterministic"_a, "stream"_a, "cu_seqlens_q"_a.none() = nb::none(), "cu_seqlens_k"_a.none() = nb::none(), "max_seqlen_q"_a = 0,
-        "max_seqlen_k"_a = 0,
+        "dq"_a.none(), "dk"_a.none(), "dv"_a.none(), "workspace"_a.none(), "options"_a, "deterministic"_a, "stream"_a,
+        "device"_a = -1, "check_stream_device"_a = true, "cu_seqlens_q"_a.none() = nb::none(),
+        "cu_seqlens_k"_a.none() = nb::none(), "max_seqlen_q"_a = 0, "max_seqlen_k"_a = 0,
         "Runs the attention backward pass, writing dq, dk and dv on `stream`.\n\n"
         "dout, dq: like q; dk, dv: like k; out, lse: the forward's; workspace: float32 with at least\n"
         "bwd_workspace_floats(batch, nheads, seqlen_q) elements. The same rules and errors as fwd().");
-  m.def("bwd_raw", &bwd_raw, "dout"_a, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "dq"_a, "dk"_a, "dv"_a, "workspace"_a,
-        "softmax_scale"_a, "causal"_a, "window_left"_a, "window_right"_a, "softcap"_a, "deterministic"_a, "device"_a,
-        "stream"_a, "check_stream_device"_a, "cu_seqlens_q"_a.none() = nb::none(), "cu_seqlens_k"_a.none() = nb::none(), "max_seqlen_q"_a = 0,
-        "max_seqlen_k"_a = 0,
-        "bwd() for arrays described as (data_ptr, shape, strides, dtype name) tuples (see fwd_raw).");
   m.def("merge", &merge, "out_a"_a.none(), "lse_a"_a.none(), "out_b"_a.none(), "lse_b"_a.none(), "out"_a.none(),
-        "lse"_a.none(), "stream"_a,
+        "lse"_a.none(), "stream"_a, "device"_a = -1, "check_stream_device"_a = true,
         "merge_attn_states: writes out and lse, the attention over the union of two disjoint key sets, from\n"
         "each set's (out, lse), on `stream`. out_*: (batch, seqlen, nheads, headdim) or (total, nheads, headdim),\n"
         "float16 / bfloat16 / float32; lse_*: float32 (batch, nheads, seqlen) or (nheads, total). out may be\n"
         "out_a (in place). The same error rules as fwd().");
-  m.def("merge_raw", &merge_raw, "out_a"_a, "lse_a"_a, "out_b"_a, "lse_b"_a, "out"_a, "lse"_a, "device"_a, "stream"_a,
-        "check_stream_device"_a, "merge() for arrays described as (data_ptr, shape, strides, dtype name) tuples.");
   m.def("bwd_workspace_floats", &bwd_workspace_floats, "batch"_a, "nheads"_a, "seqlen_q"_a,
         "float32 elements of workspace a backward call of these shapes needs.");
   m.def("xla_ffi_targets", &xla_ffi_targets,
@@ -209,8 +213,8 @@ NB_MODULE(_C, m) {
   m.def("cuda_device_count", &cuda_device_count,
         "Number of visible CUDA devices; 0 when cudaGetDeviceCount fails (no driver, no device).");
   m.def("cuda_status", &cuda_status,
-        "Why cuda_device_count() returned what it did, e.g. 'cudaErrorInsufficientDriver: CUDA driver version "
-        "is insufficient for CUDA runtime version' or 'cudaSuccess: 1 CUDA device(s)'.");
+        "Why cuda_device_count() returned what it did, e.g. 'cudaErrorInsufficientDriver: no CUDA driver/GPU "
+        "found (libcuda.so.1 cannot be loaded)' or 'cudaSuccess: 1 CUDA device(s)'.");
   m.def("compiled_head_dims", &compiled_head_dims, "Kernel head dims compiled into this build, ascending.");
   m.def("compiled_dtypes", &compiled_dtypes, "Dtypes compiled into this build: a subset of ['float16', 'bfloat16'].");
   m.def("compiled_kernels", &compiled_kernels,

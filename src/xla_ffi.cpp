@@ -1,8 +1,8 @@
 // flashcute's XLA FFI handler: the forward as a typed XLA custom call, for JAX.
 //
 // XLA hands the handler its buffers (contiguous, row-major) and the CUDA stream of the
-// computation. The handler describes the buffers as TensorRefs, runs the library's one validation
-// (plan_fwd) and launches on that stream: no allocation, no synchronisation, no host access to
+// computation. The handler reads the buffers through src/ops.hpp's operations (the same code as
+// the Python entry points), runs the library's one validation (plan_*) and launches on that stream: no allocation, no synchronisation, no host access to
 // device data, so XLA may record it into a command buffer (CUDA graph). Errors come back as
 // ffi::Error, never as exceptions. python/flashcute/_jax.py registers it ("flashcute_fwd",
 // platform "CUDA") and calls it with jax.ffi.ffi_call.
@@ -19,7 +19,9 @@
 #include <utility>
 #include <vector>
 
+#include "array_ref.hpp"
 #include "flashcute/host/api.hpp"
+#include "ops.hpp"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -36,23 +38,21 @@ flashcute::DType to_dtype(ffi::DataType t) {
   }
 }
 
-// An XLA buffer: row-major, contiguous.
-template <class Ref>
-Ref describe(const ffi::AnyBuffer& buffer) {
-  Ref r;
-  r.data = buffer.untyped_data();
-  r.dtype = to_dtype(buffer.element_type());
-  r.dtype_label = "a dtype flashcute does not take";
-  const auto dims = buffer.dimensions();
-  r.rank = int(dims.size());
-  int64_t stride = 1;
-  for (int i = std::min(r.rank, flashcute::TensorRef::kMaxRank) - 1; i >= 0; --i) {
-    r.shape[i] = dims[size_t(i)];
-    r.stride[i] = stride;
-    stride *= dims[size_t(i)] > 1 ? dims[size_t(i)] : 1;
+// XlaBuffers: the array source (src/ops.hpp) of an XLA call's buffers, row-major and contiguous.
+struct XlaBuffers {
+  using In = const ffi::AnyBuffer*;
+  using Out = ffi::Result<ffi::AnyBuffer>*;
+  static bool given(const void* buffer) { return buffer != nullptr; }
+  flashcute::TensorRef in(const char*, In b) { return ref<flashcute::TensorRef>(*b); }
+  flashcute::MutableTensorRef out(const char*, Out b) { return ref<flashcute::MutableTensorRef>(**b); }
+
+  template <class Ref>
+  static Ref ref(const ffi::AnyBuffer& b) {
+    const auto dims = b.dimensions();
+    return flashcute_ext::array_ref<Ref>(b.untyped_data(), to_dtype(b.element_type()),
+                                         "a dtype flashcute does not take", int(dims.size()), dims.begin());
   }
-  return r;
-}
+};
 
 ffi::Error to_ffi_error(const flashcute::Status& st) {
   if (st.ok()) return ffi::Error::Success();
@@ -62,47 +62,21 @@ ffi::Error to_ffi_error(const flashcute::Status& st) {
   return ffi::Error(code, "flashcute: " + st.message);
 }
 
-// The forward of a fixed-length or (varlen set) variable-length call.
-ffi::Error run_fwd_call(cudaStream_t stream, const ffi::AnyBuffer& q, const ffi::AnyBuffer& k,
-                        const ffi::AnyBuffer& v, ffi::Result<ffi::AnyBuffer>& out, ffi::Result<ffi::AnyBuffer>& lse,
-                        float softmax_scale, bool causal, int64_t window_left, int64_t window_right, float softcap,
-                        std::optional<flashcute::VarlenArgs> varlen) {
-  flashcute::FwdArgs args;
-  args.q = describe<flashcute::TensorRef>(q);
-  args.k = describe<flashcute::TensorRef>(k);
-  args.v = describe<flashcute::TensorRef>(v);
-  args.out = describe<flashcute::MutableTensorRef>(*out);
-  args.lse = describe<flashcute::MutableTensorRef>(*lse);
-  args.set_options(softmax_scale, causal, window_left, window_right, softcap);
-  args.varlen = varlen;
-  flashcute::FwdPlan plan;
-  flashcute::Status st = flashcute::plan_fwd(args, plan);
-  if (st.ok()) st = flashcute::launch(plan, stream);
-  return to_ffi_error(st);
+flashcute::AttnOptions options(float softmax_scale, bool causal, int64_t window_left, int64_t window_right,
+                               float softcap) {
+  flashcute::AttnOptions o;
+  o.set_options(softmax_scale, causal, window_left, window_right, softcap);
+  return o;
 }
 
-// The backward of a fixed-length or (varlen set) variable-length call.
-ffi::Error run_bwd_call(cudaStream_t stream, const ffi::AnyBuffer& dout, const ffi::AnyBuffer& q,
-                        const ffi::AnyBuffer& k, const ffi::AnyBuffer& v, const ffi::AnyBuffer& out,
-                        const ffi::AnyBuffer& lse, ffi::Result<ffi::AnyBuffer>& dq, ffi::Result<ffi::AnyBuffer>& dk,
-                        ffi::Result<ffi::AnyBuffer>& dv, ffi::Result<ffi::AnyBuffer>& workspace, float softmax_scale,
-                        bool causal, int64_t window_left, int64_t window_right, float softcap,
-                        std::optional<flashcute::VarlenArgs> varlen) {
-  flashcute::BwdArgs args;
-  args.dout = describe<flashcute::TensorRef>(dout);
-  args.q = describe<flashcute::TensorRef>(q);
-  args.k = describe<flashcute::TensorRef>(k);
-  args.v = describe<flashcute::TensorRef>(v);
-  args.out = describe<flashcute::TensorRef>(out);
-  args.lse = describe<flashcute::TensorRef>(lse);
-  args.dq = describe<flashcute::MutableTensorRef>(*dq);
-  args.dk = describe<flashcute::MutableTensorRef>(*dk);
-  args.dv = describe<flashcute::MutableTensorRef>(*dv);
-  args.workspace = describe<flashcute::MutableTensorRef>(*workspace);
-  args.set_options(softmax_scale, causal, window_left, window_right, softcap);
-  args.varlen = varlen;
-  flashcute::BwdPlan plan;
-  flashcute::Status st = flashcute::plan_bwd(args, plan);
+// src/ops.hpp's operation, then plan_* and the launch on XLA's stream.
+template <class Args, class Plan, class MakeArgs>
+ffi::Error run(cudaStream_t stream, MakeArgs&& make_args, flashcute::Status (*plan_call)(const Args&, Plan&)) {
+  XlaBuffers s;
+  Args args;
+  flashcute::Status st = make_args(s, args);
+  Plan plan;
+  if (st.ok()) st = plan_call(args, plan);
   if (st.ok()) st = flashcute::launch(plan, stream);
   return to_ffi_error(st);
 }
@@ -110,8 +84,10 @@ ffi::Error run_bwd_call(cudaStream_t stream, const ffi::AnyBuffer& dout, const f
 ffi::Error fwd_impl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                     ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse, float softmax_scale, bool causal,
                     int64_t window_left, int64_t window_right, float softcap) {
-  return run_fwd_call(stream, q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap,
-                      std::nullopt);
+  return run(stream, [&](XlaBuffers& s, flashcute::FwdArgs& a) {
+    return flashcute_ext::fwd_args(s, a, options(softmax_scale, causal, window_left, window_right, softcap), &q, &k,
+                                   &v, &out, &lse, nullptr, nullptr, 0, 0);
+  }, &flashcute::plan_fwd);
 }
 
 ffi::Error bwd_impl(cudaStream_t stream, ffi::AnyBuffer dout, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
@@ -119,24 +95,22 @@ ffi::Error bwd_impl(cudaStream_t stream, ffi::AnyBuffer dout, ffi::AnyBuffer q, 
                     ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
                     ffi::Result<ffi::AnyBuffer> workspace, float softmax_scale, bool causal, int64_t window_left,
                     int64_t window_right, float softcap) {
-  return run_bwd_call(stream, dout, q, k, v, out, lse, dq, dk, dv, workspace, softmax_scale, causal, window_left,
-                      window_right, softcap, std::nullopt);
+  return run(stream, [&](XlaBuffers& s, flashcute::BwdArgs& a) {
+    return flashcute_ext::bwd_args(s, a, options(softmax_scale, causal, window_left, window_right, softcap), false,
+                                   &dout, &q, &k, &v, &out, &lse, &dq, &dk, &dv, &workspace, nullptr, nullptr, 0, 0);
+  }, &flashcute::plan_bwd);
 }
 
 // Variable-length batches (flash_attn_varlen_func): the same calls with cu_seqlens_q and
 // cu_seqlens_k (int32 (batch + 1,) device buffers, never read on the host) and the longest lengths.
-flashcute::VarlenArgs varlen_args(const ffi::AnyBuffer& cu_q, const ffi::AnyBuffer& cu_k, int64_t max_q,
-                                  int64_t max_k) {
-  return flashcute::VarlenArgs{describe<flashcute::TensorRef>(cu_q), describe<flashcute::TensorRef>(cu_k), max_q,
-                               max_k};
-}
-
 ffi::Error varlen_fwd_impl(cudaStream_t stream, ffi::AnyBuffer q, ffi::AnyBuffer k, ffi::AnyBuffer v,
                            ffi::AnyBuffer cu_q, ffi::AnyBuffer cu_k, ffi::Result<ffi::AnyBuffer> out,
                            ffi::Result<ffi::AnyBuffer> lse, float softmax_scale, bool causal, int64_t window_left,
                            int64_t window_right, float softcap, int64_t max_seqlen_q, int64_t max_seqlen_k) {
-  return run_fwd_call(stream, q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap,
-                      varlen_args(cu_q, cu_k, max_seqlen_q, max_seqlen_k));
+  return run(stream, [&](XlaBuffers& s, flashcute::FwdArgs& a) {
+    return flashcute_ext::fwd_args(s, a, options(softmax_scale, causal, window_left, window_right, softcap), &q, &k,
+                                   &v, &out, &lse, &cu_q, &cu_k, max_seqlen_q, max_seqlen_k);
+  }, &flashcute::plan_fwd);
 }
 
 ffi::Error varlen_bwd_impl(cudaStream_t stream, ffi::AnyBuffer dout, ffi::AnyBuffer q, ffi::AnyBuffer k,
@@ -145,20 +119,18 @@ ffi::Error varlen_bwd_impl(cudaStream_t stream, ffi::AnyBuffer dout, ffi::AnyBuf
                            ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::AnyBuffer> workspace, float softmax_scale,
                            bool causal, int64_t window_left, int64_t window_right, float softcap,
                            int64_t max_seqlen_q, int64_t max_seqlen_k) {
-  return run_bwd_call(stream, dout, q, k, v, out, lse, dq, dk, dv, workspace, softmax_scale, causal, window_left,
-                      window_right, softcap, varlen_args(cu_q, cu_k, max_seqlen_q, max_seqlen_k));
+  return run(stream, [&](XlaBuffers& s, flashcute::BwdArgs& a) {
+    return flashcute_ext::bwd_args(s, a, options(softmax_scale, causal, window_left, window_right, softcap), false,
+                                   &dout, &q, &k, &v, &out, &lse, &dq, &dk, &dv, &workspace, &cu_q, &cu_k,
+                                   max_seqlen_q, max_seqlen_k);
+  }, &flashcute::plan_bwd);
 }
 
 ffi::Error merge_impl(cudaStream_t stream, ffi::AnyBuffer out_a, ffi::AnyBuffer lse_a, ffi::AnyBuffer out_b,
                       ffi::AnyBuffer lse_b, ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::AnyBuffer> lse) {
-  flashcute::MergeArgs args;
-  args.out_a = describe<flashcute::TensorRef>(out_a);
-  args.lse_a = describe<flashcute::TensorRef>(lse_a);
-  args.out_b = describe<flashcute::TensorRef>(out_b);
-  args.lse_b = describe<flashcute::TensorRef>(lse_b);
-  args.out = describe<flashcute::MutableTensorRef>(*out);
-  args.lse = describe<flashcute::MutableTensorRef>(*lse);
-  return to_ffi_error(flashcute::run_merge(args, stream));
+  return run(stream, [&](XlaBuffers& s, flashcute::MergeArgs& a) {
+    return flashcute_ext::merge_args(s, a, &out_a, &lse_a, &out_b, &lse_b, &out, &lse);
+  }, &flashcute::plan_merge);
 }
 
 }  // namespace

@@ -12,9 +12,7 @@ signature is FlashAttention-2's. :mod:`flashcute.testing` holds the reference at
 the tolerance rule flashcute is tested with. Importing flashcute never initialises CUDA.
 """
 
-from __future__ import annotations
-
-from typing import List, Tuple
+import sys as _sys
 
 try:
     from . import _C
@@ -27,11 +25,12 @@ except ImportError as e:  # pragma: no cover - only for broken installs / source
 from .flash_attn_interface import (flash_attn_bwd, flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache,
                                    merge_attn_states)
 
-if __import__("sys").modules.get("torch") is not None:  # torch is there: register torch.ops.flashcute.* now
+if _sys.modules.get("torch") is not None:  # torch is there: register torch.ops.flashcute.* now
     from . import _torch  # noqa: F401  (otherwise the first call with a torch tensor registers it)
 
 __version__: str = _C.__version__  # not in the generated _C.pyi: nanobind's stubgen leaves dunders out
 
+# The public names; everything else in this namespace is a submodule or private.
 __all__ = [
     "flash_attn_func",
     "flash_attn_varlen_func",
@@ -60,7 +59,7 @@ def cuda_status() -> str:
     return _C.cuda_status()
 
 
-def compiled_head_dims() -> List[int]:
+def compiled_head_dims() -> list[int]:
     """Kernel head dims compiled into this build (build option FLASHCUTE_HEAD_DIMS), ascending.
 
     A head dim d (a multiple of 8, <= 256) runs on the smallest of these that is >= d.
@@ -68,12 +67,12 @@ def compiled_head_dims() -> List[int]:
     return list(_C.compiled_head_dims())
 
 
-def compiled_dtypes() -> List[str]:
+def compiled_dtypes() -> list[str]:
     """Dtypes compiled into this build (build option FLASHCUTE_DTYPES): ``"float16"``, ``"bfloat16"``."""
     return list(_C.compiled_dtypes())
 
 
-def compiled_kernels() -> List[Tuple[str, str, str, int]]:
+def compiled_kernels() -> list[tuple[str, str, str, int]]:
     """The kernels compiled into this build, as ``(family, direction, dtype, head dim)`` tuples,
     e.g. ``("sm80", "fwd", "bfloat16", 128)``: the list the build generated."""
     return list(_C.compiled_kernels())
@@ -108,3 +107,6 @@ def last_forward_tile() -> tuple[int, int]:
 def kernel_head_dim(head_dim: int) -> int:
     """The kernel head dim that ``head_dim`` runs on in this build, or 0 if none is compiled."""
     return _C.kernel_head_dim(head_dim)
+
+
+del _sys

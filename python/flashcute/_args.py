@@ -1,69 +1,145 @@
-"""The arguments of flashcute's Python API: which framework an array belongs to (without importing
-one the caller did not use), and the plain arguments checked, each error naming its argument."""
+"""The arguments of flashcute's Python API: which framework an array belongs to (the framework
+registry, which never imports a framework the caller did not use), and the plain arguments coerced
+to the types the compiled module takes, each error naming its argument. Their ranges are the
+compiled validation's (plan_*), asked through flashcute._C.check_options."""
 
 from __future__ import annotations
 
-import math
 import numbers
 import operator
 import sys
-from typing import Any, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
+
+from . import _C
 
 # DLPack device types (dlpack.h, DLDeviceType).
 _KDL_CUDA = 2
 _KDL_CUDA_MANAGED = 13
 _DEVICE_TYPE_NAMES = {1: "CPU", 2: "CUDA", 3: "CUDA host (pinned)", 10: "ROCm", 11: "ROCm host", 13: "CUDA managed"}
 
-_TORCH, _CUPY, _JAX, _NUMPY, _DLPACK = "torch", "cupy", "jax", "numpy", "dlpack"
-_FRAMEWORK_TYPE_NAMES = {
-    _TORCH: "torch.Tensor",
-    _CUPY: "cupy.ndarray",
-    _JAX: "jax.Array",
-    _NUMPY: "numpy.ndarray",
-}
-
 
 # ---------------------------------------------------------------------------
-# Framework detection (never imports a framework: only looks in sys.modules)
+# The framework registry (never imports a framework: only looks in sys.modules)
 # ---------------------------------------------------------------------------
 
 
-def _framework(x: Any) -> Optional[str]:
-    """Which framework `x` belongs to, or None if it is not an array at all."""
-    mods = sys.modules
-    torch = mods.get("torch")
-    if torch is not None and isinstance(x, torch.Tensor):
-        return _TORCH
-    cupy = mods.get("cupy")
-    if cupy is not None and isinstance(x, cupy.ndarray):
-        return _CUPY
-    jax = mods.get("jax")
-    if jax is not None and isinstance(x, getattr(jax, "Array", ())):
-        return _JAX
-    np = mods.get("numpy")
-    if np is not None and isinstance(x, np.ndarray):
-        return _NUMPY
-    if hasattr(type(x), "__dlpack__") and hasattr(type(x), "__dlpack_device__"):
-        return _DLPACK
-    return None
+class _Framework:
+    """One kind of array: how to recognise it, what makes one usable, and its binding: the module
+    (imported when the framework's first array is seen) that runs the calls for it, with the same
+    functions for every framework: flash_attn, flash_attn_varlen, flash_attn_bwd,
+    flash_attn_kvcache and merge_attn_states."""
+
+    def __init__(self, name: str, module: str, type_path: str, type_name: str, load: Callable[[], Any]) -> None:
+        self.name = name
+        self.module = module  # its sys.modules key
+        self.type_path = type_path  # the array type's attribute in that module
+        self.type_name = type_name
+        self.load = load  # imports the binding: an import statement, which torch.compile can trace
+        self.binding: Any = None
+
+    def array_type(self) -> Any:
+        mod = sys.modules.get(self.module)
+        return None if mod is None else getattr(mod, self.type_path, None)
+
+    def check(self, name: str, x: Any) -> None:
+        """Raises naming `name` unless x is a CUDA array flashcute can use (torch's binding checks
+        the device itself; CuPy arrays are CUDA arrays)."""
+
+
+def _load_torch() -> Any:
+    from . import _torch
+    return _torch
+
+
+def _load_cupy() -> Any:
+    from . import _cupy
+    return _cupy
+
+
+def _load_jax() -> Any:
+    from . import _jax
+    return _jax
+
+
+def _load_dlpack() -> Any:
+    from . import _dlpack
+    return _dlpack
+
+
+def _check_dlpack_device(name: str, x: Any) -> None:
+    dev_type = int(x.__dlpack_device__()[0])
+    if dev_type not in (_KDL_CUDA, _KDL_CUDA_MANAGED):
+        where = _DEVICE_TYPE_NAMES.get(dev_type, f"device type {dev_type}")
+        raise TypeError(f"{name}: expected a CUDA array, got a {where} {_type_name(x)}")
+
+
+class _Numpy(_Framework):
+    def check(self, name: str, x: Any) -> None:
+        raise TypeError(f"{name}: expected a CUDA array, got a CPU numpy.ndarray")
+
+
+class _Jax(_Framework):
+    def check(self, name: str, x: Any) -> None:
+        # Concrete arrays are jaxlib's C++ ArrayImpl; tracers (inside jit / vmap / grad) are Python
+        # classes of the jax package itself, and where they run is XLA's to decide (the FFI target
+        # is CUDA-only).
+        t = type(x)
+        if t.__module__.split(".")[0] != "jaxlib" and t.__name__ != "ArrayImpl":
+            return
+        ndev = len(x.devices())
+        if ndev != 1:
+            raise ValueError(f"{name}: a jax.Array sharded over {ndev} devices; flashcute needs single-device arrays")
+        _check_dlpack_device(name, x)
+
+
+class _AnyDlpack(_Framework):
+    def array_type(self) -> Any:
+        return None  # recognised by the protocol (_framework), not by a type
+
+    def check(self, name: str, x: Any) -> None:
+        _check_dlpack_device(name, x)
+
+
+# In the order they are tried for a type seen the first time.
+_FRAMEWORKS = (
+    _Framework("torch", "torch", "Tensor", "torch.Tensor", _load_torch),
+    _Framework("cupy", "cupy", "ndarray", "cupy.ndarray", _load_cupy),
+    _Jax("jax", "jax", "Array", "jax.Array", _load_jax),
+    _Numpy("numpy", "numpy", "ndarray", "numpy.ndarray", _load_dlpack),
+)
+_DLPACK = _AnyDlpack("dlpack", "", "", "", _load_dlpack)
+_BY_TYPE: Dict[type, _Framework] = {}  # filled as types are seen: one dict lookup a call afterwards
+
+
+def _framework(x: Any) -> Optional[_Framework]:
+    """Which framework `x` belongs to, or None if it is not an array at all. The first array of a
+    framework imports its binding."""
+    fw = _BY_TYPE.get(type(x))
+    if fw is not None:
+        return fw
+    for fw in _FRAMEWORKS:
+        array_type = fw.array_type()
+        if array_type is not None and isinstance(x, array_type):
+            break
+    else:
+        if not (hasattr(type(x), "__dlpack__") and hasattr(type(x), "__dlpack_device__")):
+            return None
+        fw = _DLPACK
+    if fw.binding is None:
+        fw.binding = fw.load()
+    _BY_TYPE[type(x)] = fw
+    return fw
 
 
 def _type_name(x: Any) -> str:
     fw = _framework(x)
-    if fw in _FRAMEWORK_TYPE_NAMES:
-        return _FRAMEWORK_TYPE_NAMES[fw]
+    if fw is not None and fw.type_name:
+        return fw.type_name
     t = type(x)
     return t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
 
 
-def _jax_is_concrete(x: Any) -> bool:
-    # Concrete arrays are jaxlib's C++ ArrayImpl; tracers (inside jit / vmap / grad) are Python
-    # classes of the jax package itself.
-    t = type(x)
-    return t.__module__.split(".")[0] == "jaxlib" or t.__name__ == "ArrayImpl"
-
-
-def _check_cuda_array(name: str, x: Any) -> str:
+def _check_cuda_array(name: str, x: Any) -> _Framework:
     """Returns x's framework, or raises TypeError naming `name` if x is not a CUDA array."""
     fw = _framework(x)
     if fw is None:
@@ -71,20 +147,7 @@ def _check_cuda_array(name: str, x: Any) -> str:
             f"{name}: expected a CUDA array (torch.Tensor, cupy.ndarray, jax.Array or another "
             f"DLPack producer), got {_type_name(x)}"
         )
-    if fw == _NUMPY:
-        raise TypeError(f"{name}: expected a CUDA array, got a CPU numpy.ndarray")
-    if fw == _TORCH or fw == _CUPY:
-        return fw  # torch: its path checks the device; CuPy arrays are CUDA arrays
-    if fw == _JAX:
-        if not _jax_is_concrete(x):
-            return fw  # a tracer: where it runs is XLA's to decide (the FFI target is CUDA-only)
-        ndev = len(x.devices())
-        if ndev != 1:
-            raise ValueError(f"{name}: a jax.Array sharded over {ndev} devices; flashcute needs single-device arrays")
-    dev_type = int(x.__dlpack_device__()[0])
-    if dev_type not in (_KDL_CUDA, _KDL_CUDA_MANAGED):
-        where = _DEVICE_TYPE_NAMES.get(dev_type, f"device type {dev_type}")
-        raise TypeError(f"{name}: expected a CUDA array, got a {where} {_type_name(x)}")
+    fw.check(name, x)
     return fw
 
 
@@ -119,10 +182,7 @@ def _parse_window_size(window_size: Any) -> Tuple[int, int]:
         raise TypeError(
             f"window_size: expected a tuple (left, right) of two ints (-1: unbounded), got {window_size!r}"
         )
-    left, right = (_as_int("window_size", w) for w in window_size)
-    if left < -1 or right < -1:
-        raise ValueError(f"window_size: each bound must be >= -1 (-1: unbounded), got {(left, right)!r}")
-    return left, right
+    return _as_int("window_size", window_size[0]), _as_int("window_size", window_size[1])
 
 
 def _as_real(name: str, value: Any) -> float:
@@ -135,30 +195,32 @@ def _as_real(name: str, value: Any) -> float:
 
 def _parse_options(softmax_scale: Any, causal: Any, window_size: Any,
                    softcap: Any) -> Tuple[Optional[float], bool, int, int, float]:
-    """The attention options both passes take, checked: (softmax_scale or None, causal,
-    window_left, window_right, softcap)."""
+    """The options every attention call takes, as the compiled module takes them: the tuple
+    (softmax_scale or None, causal, window_left, window_right, softcap). Only the types are
+    coerced here: the ranges are plan_*'s rules, which the launch or the trace-time validation
+    applies. A call whose arrays are refused before that asks flashcute._C.check_options first, so
+    that a bad plain argument is reported before a bad array, as the compiled validation orders
+    them, and a call that succeeds pays nothing for it."""
     window_left, window_right = _parse_window_size(window_size)
-    softcap = _as_real("softcap", softcap)
-    if not 0 <= softcap < math.inf:  # comparisons, not math.isfinite: also fine under torch.compile
-        raise ValueError(f"softcap must be a finite number >= 0 (0 disables it), got {softcap!r}")
-    if softmax_scale is not None:
-        softmax_scale = _as_real("softmax_scale", softmax_scale)
-        if not 0 < softmax_scale < math.inf:
-            raise ValueError(f"softmax_scale must be a finite number > 0, got {softmax_scale!r}")
-    return softmax_scale, _as_bool("causal", causal), window_left, window_right, softcap
+    return (None if softmax_scale is None else _as_real("softmax_scale", softmax_scale), _as_bool("causal", causal),
+            window_left, window_right, _as_real("softcap", softcap))
 
 
-def _kernel_args(q: Any, softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int,
-                 softcap: float, dims: str = "(batch, seqlen_q, nheads, headdim)") -> Tuple[float, bool, int, int, float]:
-    """The options as the bindings take them, the scale defaulting to 1 / sqrt(headdim) of q, whose
-    dims (named for the error) end in headdim."""
-    rank = dims.count(",") + 1
-    if len(q.shape) != rank:
-        raise ValueError(f"q: expected {rank} dims {dims}, got {len(q.shape)}")
-    if softmax_scale is None:
-        headdim = int(q.shape[-1])
-        softmax_scale = 1.0 / math.sqrt(headdim) if headdim > 0 else 1.0  # headdim 0 is rejected by the validation
-    return (float(softmax_scale), causal, window_left, window_right, softcap)
+def _never() -> bool:
+    return False
+
+
+# Whether a framework is tracing the call now (flashcute._torch sets torch.compiler.is_compiling):
+# there the trace-time validation checks the plain arguments, and _C cannot be called.
+_tracing = _never
+
+
+def _check_scalars_first(*scalars: Any) -> None:
+    """Called when an array is refused: raises for a bad plain argument instead (the arguments of
+    flashcute._C.check_options), so that those are reported first, as the compiled validation
+    orders them. A call that succeeds pays nothing for it: its validation checks them."""
+    if not _tracing():
+        _C.check_options(*scalars)
 
 
 def _parse_stream(stream: Any) -> Optional[int]:
@@ -205,7 +267,7 @@ def _check_fa2_only(dropout_p: Any, alibi_slopes: Any) -> None:
         raise NotImplementedError("alibi_slopes: flashcute has no ALiBi yet, so alibi_slopes must be None")
 
 
-def _one_framework(first: Tuple[str, Any], *named: Tuple[str, Any], optional: Tuple[str, ...] = ()) -> str:
+def _one_framework(first: Tuple[str, Any], *named: Tuple[str, Any], optional: Tuple[str, ...] = ()) -> _Framework:
     """The framework of the named arrays, which must all be CUDA arrays of the first one's framework;
     raises naming the first that is not. Those named in `optional` may be None (not given)."""
     first_name, x0 = first
@@ -213,7 +275,7 @@ def _one_framework(first: Tuple[str, Any], *named: Tuple[str, Any], optional: Tu
     for name, x in named:
         if x is None and name in optional:
             continue
-        if _check_cuda_array(name, x) != fw:
+        if _check_cuda_array(name, x) is not fw:
             raise TypeError(f"{name}: is a {_type_name(x)} but {first_name} is a {_type_name(x0)}; all arrays must "
                             "come from the same framework")
     return fw

@@ -8,10 +8,9 @@ with stream=-1 (the protocol's "no synchronisation, the consumer orders the work
 nanobind the capsules. The work is then ordered explicitly: the kernel runs on CuPy's current
 stream, in whose order the inputs are ready by CuPy's own convention; when `stream=` names a
 different stream, that stream first waits (an event, no host block) for the current one.
-Imported on the first CuPy call only.
+CuPy's binding in flashcute's framework registry (flashcute._args), with the same functions as
+the other frameworks'. Imported on the first CuPy call only.
 """
-
-from __future__ import annotations
 
 import contextlib
 import sys
@@ -38,8 +37,8 @@ def launch_context(device_id: int, stream: Optional[int]) -> Tuple[int, Any]:
     return stream, launch
 
 
-def run_fwd(q: Any, k: Any, v: Any, out: Any, lse_shape: Optional[Tuple[int, ...]], stream: Optional[int], args: tuple,
-            varlen: tuple = ()) -> Tuple[Any, Any]:
+def _run_fwd(q: Any, k: Any, v: Any, out: Any, lse_shape: Optional[Tuple[int, ...]], stream: Optional[int],
+             options: tuple, varlen: tuple = ()) -> Tuple[Any, Any]:
     """The forward: out (allocated like q unless given) and, when lse_shape is given, the lse.
     varlen: () or (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)."""
     cupy = sys.modules["cupy"]
@@ -48,13 +47,28 @@ def run_fwd(q: Any, k: Any, v: Any, out: Any, lse_shape: Optional[Tuple[int, ...
         with alloc_ctx:
             out = cupy.empty(q.shape, dtype=q.dtype) if out is None else out
             lse = cupy.empty(lse_shape, dtype=cupy.float32) if lse_shape is not None else None
-    extra = (_export(varlen[0]), _export(varlen[1]), *varlen[2:]) if varlen else ()
-    _C.fwd(_export(q), _export(k), _export(v), _export(out), _export(lse), *args, handle, *extra)
+    extra = (-1, True, _export(varlen[0]), _export(varlen[1]), *varlen[2:]) if varlen else ()
+    _C.fwd(_export(q), _export(k), _export(v), _export(out), _export(lse), options, handle, *extra)
     return out, lse
 
 
-def run_bwd(dout, q, k, v, out, lse, dq, dk, dv, stream, args, deterministic):
-    """The backward: dq, dk, dv (allocated like q, k, v unless given)."""
+def flash_attn(q: Any, k: Any, v: Any, out: Any, return_lse: bool, stream: Optional[int],
+               options: tuple) -> Tuple[Any, Any]:
+    """flash_attn_func's CuPy path."""
+    # Of another rank, q is refused by the validation, which needs no lse to say so.
+    lse_shape = (q.shape[0], q.shape[2], q.shape[1]) if return_lse and q.ndim == 4 else None
+    return _run_fwd(q, k, v, out, lse_shape, stream, options)
+
+
+def flash_attn_varlen(q: Any, k: Any, v: Any, cu_q: Any, cu_k: Any, max_q: int, max_k: int, out: Any,
+                      return_lse: bool, stream: Optional[int], options: tuple) -> Tuple[Any, Any]:
+    """flash_attn_varlen_func's CuPy path (eager, forward only)."""
+    lse_shape = (q.shape[1], q.shape[0]) if return_lse and q.ndim == 3 else None
+    return _run_fwd(q, k, v, out, lse_shape, stream, options, (cu_q, cu_k, max_q, max_k))
+
+
+def flash_attn_bwd(dout, q, k, v, out, lse, dq, dk, dv, stream, options, deterministic):
+    """flash_attn_bwd's CuPy path: dq, dk, dv (allocated like q, k, v unless given)."""
     cupy = sys.modules["cupy"]
     with cupy.cuda.Device(q.device.id):
         handle, alloc_ctx = launch_context(q.device.id, stream)
@@ -64,12 +78,12 @@ def run_bwd(dout, q, k, v, out, lse, dq, dk, dv, stream, args, deterministic):
             dv = cupy.empty(v.shape, dtype=v.dtype) if dv is None else dv
             b, sq, h, _ = q.shape
             workspace = cupy.empty((_C.bwd_workspace_floats(b, h, sq),), dtype=cupy.float32)
-    _C.bwd(*(_export(a) for a in (dout, q, k, v, out, lse, dq, dk, dv, workspace)), *args, deterministic, handle)
+    _C.bwd(*(_export(a) for a in (dout, q, k, v, out, lse, dq, dk, dv, workspace)), options, deterministic, handle)
     return dq, dk, dv
 
 
-def run_merge(out_a, lse_a, out_b, lse_b, out, stream):
-    """merge_attn_states: (out, lse), out allocated like out_a unless given."""
+def merge_attn_states(out_a, lse_a, out_b, lse_b, out, stream):
+    """merge_attn_states' CuPy path: (out, lse), out allocated like out_a unless given."""
     cupy = sys.modules["cupy"]
     with cupy.cuda.Device(out_a.device.id):
         handle, alloc_ctx = launch_context(out_a.device.id, stream)
@@ -80,11 +94,15 @@ def run_merge(out_a, lse_a, out_b, lse_b, out, stream):
     return out, lse
 
 
-def run_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, out, want_lse, stream, args, num_splits):
-    """flash_attn_with_kvcache: (out, lse or None), out allocated like q unless given; the split-KV
-    workspace from CuPy's pool, under the launch stream."""
+def flash_attn_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, out, want_lse, stream, options,
+                       num_splits):
+    """flash_attn_with_kvcache's CuPy path: (out, lse or None), out allocated like q unless given; the
+    split-KV workspace from CuPy's pool, under the launch stream. An int cache_seqlens is the same
+    length for every batch entry."""
     cupy = sys.modules["cupy"]
     with cupy.cuda.Device(q.device.id):
+        if cache_seqlens is not None and not isinstance(cache_seqlens, cupy.ndarray):
+            cache_seqlens = cupy.full((q.shape[0],), int(cache_seqlens), dtype=cupy.int32)
         handle, alloc_ctx = launch_context(q.device.id, stream)
         with alloc_ctx:
             out = cupy.empty(q.shape, dtype=q.dtype) if out is None else out
@@ -95,5 +113,5 @@ def run_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, out, want
                 return _export(cupy.empty((n,), dtype=cupy.float32))  # the capsule keeps the array alive
 
             _C.fwd_kvcache(*(_export(a) for a in (q, k_cache, v_cache, out, lse, k, v, cache_seqlens, block_table)),
-                           alloc, *args, num_splits, handle)
+                           alloc, options, num_splits, handle)
     return out, lse

@@ -18,12 +18,13 @@ synchronisation. XLA allocates the outputs.
   static attributes. Under vmap each vmapped element is its own launch (``lax.map``): folding
   ragged batches into one would need their lengths on the host.
 
-Imported by flashcute only when a jax.Array is passed, so ``import flashcute`` never imports JAX.
+JAX's binding in flashcute's framework registry (flashcute._args), with the same functions as the
+other frameworks' (flash_attn_bwd and flash_attn_kvcache refuse JAX arrays, saying why). Imported by
+flashcute only when a jax.Array is passed, so ``import flashcute`` never imports JAX.
 """
 
-from __future__ import annotations
-
 import functools
+import math
 from typing import Any, NamedTuple, Tuple
 
 import jax
@@ -70,10 +71,19 @@ def _dtype_name(x: Any) -> str:
     return str(jnp.dtype(x.dtype))
 
 
-def check(q: Any, k: Any, v: Any, opts: Options) -> None:
-    """The library's validation on what a tracer knows: shapes and dtypes."""
-    _C.check_fwd(tuple(q.shape), tuple(k.shape), tuple(v.shape), _dtype_name(q), _dtype_name(k), _dtype_name(v),
-                 *opts)
+def _desc(x: Any) -> tuple:
+    """x as flashcute._C.check_fwd takes a tracer: a contiguous stand-in of its shape and dtype."""
+    return (256, tuple(x.shape), None, _dtype_name(x))
+
+
+def _validated(q: Any, k: Any, v: Any, options: tuple, varlen: tuple = ()) -> Options:
+    """The library's validation on what a tracer knows (shapes and dtypes; varlen: cu_seqlens_q,
+    cu_seqlens_k, max_seqlen_q, max_seqlen_k), then the options as the handlers' attributes take
+    them: the scale set (1 / sqrt(headdim) by default)."""
+    extra = (_desc(varlen[0]), _desc(varlen[1]), *varlen[2:]) if varlen else ()
+    _C.check_fwd(_desc(q), _desc(k), _desc(v), options, *extra)
+    scale = options[0]
+    return Options(1.0 / math.sqrt(q.shape[-1]) if scale is None else scale, *options[1:])
 
 
 def _ffi_fwd(q: Any, k: Any, v: Any, opts: Options) -> Tuple[Any, Any]:
@@ -155,8 +165,9 @@ def _attention_bwd(opts, residuals, cotangents):
 _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
-def flash_attn(q: Any, k: Any, v: Any, out: Any, return_lse: bool, stream: Any, args: tuple) -> Tuple[Any, Any]:
-    """flash_attn_func's JAX path. args: (softmax_scale, causal, window_left, window_right, softcap)."""
+def flash_attn(q: Any, k: Any, v: Any, out: Any, return_lse: bool, stream: Any, options: tuple) -> Tuple[Any, Any]:
+    """flash_attn_func's JAX path. options: (softmax_scale or None, causal, window_left, window_right,
+    softcap)."""
     if out is not None:
         raise TypeError(
             "out: JAX arrays are immutable, so out= is not supported with JAX inputs; flash_attn_func returns a "
@@ -164,8 +175,7 @@ def flash_attn(q: Any, k: Any, v: Any, out: Any, return_lse: bool, stream: Any, 
         )
     if stream is not None:
         raise TypeError("stream: not supported with JAX inputs: flashcute runs on the stream XLA gives it")
-    opts = Options(*args)
-    check(q, k, v, opts)
+    opts = _validated(q, k, v, options)
     _register()
     o, lse = _attention(q, k, v, opts)
     return o, (lse if return_lse else None)
@@ -177,11 +187,6 @@ def flash_attn(q: Any, k: Any, v: Any, out: Any, return_lse: bool, stream: Any, 
 class VarlenSizes(NamedTuple):
     max_seqlen_q: int
     max_seqlen_k: int
-
-
-def check_varlen(q: Any, k: Any, v: Any, cu_q: Any, cu_k: Any, sizes: VarlenSizes, opts: Options) -> None:
-    _C.check_fwd(tuple(q.shape), tuple(k.shape), tuple(v.shape), _dtype_name(q), _dtype_name(k), _dtype_name(v),
-                 *opts, tuple(cu_q.shape), tuple(cu_k.shape), _dtype_name(cu_q), _dtype_name(cu_k), *sizes)
 
 
 def _attrs(opts: Options, sizes: VarlenSizes) -> dict:
@@ -249,14 +254,14 @@ _varlen_attention.defvjp(_varlen_attention_fwd, _varlen_attention_bwd)
 
 
 def flash_attn_varlen(q: Any, k: Any, v: Any, cu_q: Any, cu_k: Any, max_q: int, max_k: int, out: Any,
-                      return_lse: bool, stream: Any, args: tuple) -> Tuple[Any, Any]:
+                      return_lse: bool, stream: Any, options: tuple) -> Tuple[Any, Any]:
     """flash_attn_varlen_func's JAX path."""
     if out is not None:
         raise TypeError("out: JAX arrays are immutable, so out= is not supported with JAX inputs")
     if stream is not None:
         raise TypeError("stream: not supported with JAX inputs: flashcute runs on the stream XLA gives it")
-    opts, sizes = Options(*args), VarlenSizes(max_q, max_k)
-    check_varlen(q, k, v, cu_q, cu_k, sizes, opts)
+    sizes = VarlenSizes(max_q, max_k)
+    opts = _validated(q, k, v, options, (cu_q, cu_k, max_q, max_k))
     _register()
     if _VARLEN_TARGETS[0] not in _C.xla_ffi_targets():
         raise NotImplementedError("flashcute's JAX binding has no varlen handler in this build")
@@ -276,8 +281,10 @@ def _merge_call(out_a, lse_a, out_b, lse_b):
 _merge = _sequential_vmap(_merge_call, 2)
 
 
-def merge_attn_states(out_a: Any, lse_a: Any, out_b: Any, lse_b: Any) -> Tuple[Any, Any]:
+def merge_attn_states(out_a: Any, lse_a: Any, out_b: Any, lse_b: Any, out: Any, stream: Any) -> Tuple[Any, Any]:
     """merge_attn_states' JAX path (not differentiable). Shapes and dtypes are checked at trace time."""
+    if out is not None or stream is not None:
+        raise TypeError("out=, stream=: not supported with JAX inputs (immutable arrays; XLA's stream)")
     for name, x, ref, ref_name in (("out_b", out_b, out_a, "out_a"), ("lse_b", lse_b, lse_a, "lse_a")):
         if tuple(x.shape) != tuple(ref.shape):
             raise ValueError(f"{name}: expected shape {tuple(ref.shape)} like {ref_name}, got {tuple(x.shape)}")
@@ -288,3 +295,16 @@ def merge_attn_states(out_a: Any, lse_a: Any, out_b: Any, lse_b: Any) -> Tuple[A
             raise TypeError(f"{name}: expected float32, got {_dtype_name(x)}")
     _register()
     return _merge(out_a, lse_a, out_b, lse_b)
+
+
+# ---------------------------------------------------------------------------------------- refused
+
+
+def flash_attn_bwd(dout: Any, q: Any, *args: Any) -> Any:
+    raise TypeError("q: flash_attn_bwd takes torch or CuPy arrays; JAX users differentiate flash_attn_func "
+                    "with jax.grad")
+
+
+def flash_attn_kvcache(q: Any, *args: Any) -> Any:
+    raise TypeError("q: flash_attn_with_kvcache updates the cache in place, which needs torch or CuPy arrays, "
+                    "and q is a jax.Array")

@@ -6,30 +6,35 @@ The ops are defined from Python with ``torch.library.Library``; flashcute links 
 lse allocates none. Both have fake implementations (shapes, dtypes and strides, no data), so
 ``torch.compile`` (``fullgraph=True``, ``dynamic=True``, ``mode="reduce-overhead"``),
 ``torch.export`` and CUDA-graph capture all see one opaque op. The CUDA kernels allocate the
-outputs with torch on the current stream and launch there, through ``flashcute._C.fwd_raw``.
+outputs with torch on the current stream and launch there, through ``flashcute._C.fwd`` with
+descriptors (data pointer, shape, strides, dtype) of the tensors.
 
 ``flash_attn_func`` on torch tensors goes through the ops whenever something may be tracing it:
 under ``torch.compile``/``torch.export``, with a dispatch mode active (FakeTensorMode, FlopCounter,
-...) and for tensor subclasses. Plain eager calls take a fast path to the same ``fwd_raw`` that
+...) and for tensor subclasses. Plain eager calls take a fast path to the same ``_C.fwd`` that
 skips the op dispatcher; the kernel, the validation and the stream are the same either way.
+Every op is registered by one helper, ``_op`` (schema, CUDA kernel, fake, autograd).
 
 Gradients: when q, k or v requires grad, ``flash_attn_func`` calls ``fwd_lse``, whose autograd
 formula (``register_autograd``) runs a third op, ``flashcute::bwd`` (dq, dk, dv), so training works
 eagerly and under ``torch.compile``. ``flash_attn_bwd`` on torch tensors calls ``flashcute::bwd``
 under tracing and launches directly otherwise.
 
-Imported by flashcute only when a torch tensor is passed, so ``import flashcute`` never imports torch.
+This module is torch's binding in flashcute's framework registry (flashcute._args): flash_attn,
+flash_attn_varlen, flash_attn_bwd, flash_attn_kvcache and merge_attn_states, the same functions as
+the other frameworks'. Imported by flashcute only when a torch tensor is passed (or torch is
+imported already), so ``import flashcute`` never imports torch.
 """
 
-from __future__ import annotations
-
 from contextlib import nullcontext as _nullcontext
-from typing import Any, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
 
-from . import _C
+from . import _C, _args
+
+_args._tracing = torch.compiler.is_compiling  # see _args._check_scalars_first
 
 _DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
 
@@ -39,7 +44,7 @@ def _dtype_name(t: Tensor) -> str:
 
 
 def _desc(t: Tensor) -> Tuple[int, Any, Tuple[int, ...], str]:
-    """(data_ptr, shape, strides, dtype name): what _C.fwd_raw needs of a tensor."""
+    """(data_ptr, shape, strides, dtype name): what _C's entries need of a tensor."""
     return (t.data_ptr(), t.shape, t.stride(), _dtype_name(t))
 
 
@@ -48,10 +53,10 @@ def _lse_shape(q: Tensor) -> Tuple[Any, Any, Any]:
     return (b, h, sq)
 
 
-def _launch(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Optional[Tensor], args: tuple, index: int,
+def _launch(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Optional[Tensor], options: tuple, index: int,
             stream: int, check_stream_device: bool) -> None:
-    _C.fwd_raw(_desc(q), _desc(k), _desc(v), _desc(out), None if lse is None else _desc(lse), *args, index, stream,
-               check_stream_device)
+    _C.fwd(_desc(q), _desc(k), _desc(v), _desc(out), None if lse is None else _desc(lse), options, stream, index,
+           check_stream_device)
 
 
 def _device_index(*named: Tuple[str, Optional[Tensor]]) -> int:
@@ -94,19 +99,50 @@ def _launch_context(device: torch.device, stream: Optional[int], current: int) -
 
 # ---------------------------------------------------------------------------------------- the ops
 
-# Two ops, so that a call without the lse allocates none: flashcute::fwd returns out, and
-# flashcute::fwd_lse returns (out, lse). They are defined with the low-level torch.library.Library
-# and a CUDA kernel, not with torch.library.custom_op: custom_op wraps every call in Python
-# autograd and device dispatch layers, which cost 30 us a call under torch.compile on an H100
-# (docs/perf-notes.md, host overhead). The fake implementations make them traceable.
-_SCHEMA_ARGS = ("Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal, SymInt window_left, "
-                "SymInt window_right, float softcap")
+# The ops are defined with the low-level torch.library.Library and a CUDA kernel, not with
+# torch.library.custom_op: custom_op wraps every call in Python autograd and device dispatch
+# layers, which cost 30 us a call under torch.compile on an H100 (docs/perf-notes.md, host
+# overhead). The fake implementations make them traceable.
 _lib = torch.library.Library("flashcute", "DEF")
-_lib.define(f"fwd({_SCHEMA_ARGS}) -> Tensor")
-_lib.define(f"fwd_lse({_SCHEMA_ARGS}) -> (Tensor, Tensor)")
+
+# The attention options, as every op takes them (flashcute._args._parse_options' tuple); a
+# softmax_scale of None is 1 / sqrt(headdim), set by the validation.
+_OPTIONS = "float? softmax_scale, bool causal, SymInt window_left, SymInt window_right, float softcap"
 
 
-def _fwd_cuda(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, window_left: int,
+def _op(schema: str, cuda: Callable, fake: Callable, backward: Optional[Callable] = None,
+        setup_context: Optional[Callable] = None) -> Any:
+    """Defines the op flashcute::<name> of `schema`: its CUDA kernel, its fake implementation (shapes,
+    dtypes and strides, for tracing) and, when given, its autograd formula. Returns the op's
+    overload, resolved once (torch.ops attribute lookups cost per call)."""
+    name = schema[:schema.index("(")]
+    _lib.define(schema)
+    _lib.impl(name, cuda, "CUDA")
+    torch.library.register_fake(f"flashcute::{name}", fake, lib=_lib)
+    if backward is not None:
+        torch.library.register_autograd(f"flashcute::{name}", backward, setup_context=setup_context, lib=_lib)
+    return getattr(torch.ops.flashcute, name).default
+
+
+def _check_traced(q: Tensor, k: Tensor, v: Tensor, options: tuple) -> None:
+    # The validation at trace time, where the shapes are known (under dynamic shapes the launch
+    # validates them): the arrays as contiguous stand-ins (data pointer 256, strides None).
+    shapes = [tuple(t.shape) for t in (q, k, v)]
+    if all(isinstance(d, int) for s in shapes for d in s):
+        _C.check_fwd(*((256, s, None, _dtype_name(t)) for s, t in zip(shapes, (q, k, v))), options)
+
+
+def _grad_ready(t: Tensor) -> Tensor:
+    # Autograd may hand an expanded (stride 0) or otherwise strided gradient; the kernels want
+    # the last dim contiguous and 16-byte rows.
+    return t if t.is_contiguous() else t.contiguous()
+
+
+# fwd returns out and fwd_lse (out, lse), so that a call that does not ask for the lse allocates
+# none. fwd_lse is differentiable: its autograd formula runs bwd.
+
+
+def _fwd_cuda(q: Tensor, k: Tensor, v: Tensor, softmax_scale: Optional[float], causal: bool, window_left: int,
               window_right: int, softcap: float) -> Tensor:
     """flashcute::fwd: out = attention(q, k, v), on the current stream of q's device. q (batch,
     seqlen_q, nheads, headdim); k, v (batch, seqlen_k, nheads_k, headdim); window bounds -1 for
@@ -118,7 +154,7 @@ def _fwd_cuda(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: boo
     return out
 
 
-def _fwd_lse_cuda(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, window_left: int,
+def _fwd_lse_cuda(q: Tensor, k: Tensor, v: Tensor, softmax_scale: Optional[float], causal: bool, window_left: int,
                   window_right: int, softcap: float) -> Tuple[Tensor, Tensor]:
     """flashcute::fwd_lse: (out, lse), lse the logsumexp of each row, (batch, nheads, seqlen_q) float32."""
     index = _cuda_index(q, k, v)
@@ -129,82 +165,21 @@ def _fwd_lse_cuda(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal:
     return out, lse
 
 
-_lib.impl("fwd", _fwd_cuda, "CUDA")
-_lib.impl("fwd_lse", _fwd_lse_cuda, "CUDA")
-
-
-def _check_traced(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, window_left: int,
-                  window_right: int, softcap: float) -> None:
-    # The validation at trace time, where the shapes are known (under dynamic shapes the launch
-    # validates them; the dtypes and the head dim are checked either way).
-    shapes = [tuple(t.shape) for t in (q, k, v)]
-    if all(isinstance(d, int) for s in shapes for d in s):
-        _C.check_fwd(*shapes, *(_dtype_name(t) for t in (q, k, v)), softmax_scale, causal, window_left,
-                     window_right, softcap)
-
-
-@torch.library.register_fake("flashcute::fwd", lib=_lib)
-def _fwd_fake(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, window_left: int,
-              window_right: int, softcap: float) -> Tensor:
-    _check_traced(q, k, v, softmax_scale, causal, window_left, window_right, softcap)
+def _fwd_fake(q: Tensor, k: Tensor, v: Tensor, *options: Any) -> Tensor:
+    _check_traced(q, k, v, options)
     return q.new_empty(q.shape)
 
 
-@torch.library.register_fake("flashcute::fwd_lse", lib=_lib)
-def _fwd_lse_fake(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, window_left: int,
-                  window_right: int, softcap: float) -> Tuple[Tensor, Tensor]:
-    _check_traced(q, k, v, softmax_scale, causal, window_left, window_right, softcap)
+def _fwd_lse_fake(q: Tensor, k: Tensor, v: Tensor, *options: Any) -> Tuple[Tensor, Tensor]:
+    _check_traced(q, k, v, options)
     return q.new_empty(q.shape), q.new_empty(_lse_shape(q), dtype=torch.float32)
 
 
-# ---------------------------------------------------------------------------------------- backward
-
-_lib.define(
-    "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, float softmax_scale, bool causal, "
-    "SymInt window_left, SymInt window_right, float softcap, bool deterministic) -> (Tensor, Tensor, Tensor)"
-)
-
-
-def _bwd_launch(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dq: Tensor, dk: Tensor,
-                dv: Tensor, args: tuple, deterministic: bool, index: int, stream: int, check_stream_device: bool) -> None:
-    b, sq, h, _ = q.shape
-    workspace = q.new_empty((_C.bwd_workspace_floats(b, h, sq),), dtype=torch.float32)  # D = rowsum(dout * out)
-    _C.bwd_raw(_desc(dout), _desc(q), _desc(k), _desc(v), _desc(out), _desc(lse), _desc(dq), _desc(dk), _desc(dv),
-               _desc(workspace), *args, deterministic, index, stream, check_stream_device)
-
-
-def _bwd_cuda(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, softmax_scale: float,
-              causal: bool, window_left: int, window_right: int, softcap: float,
-              deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
-    """flashcute::bwd: (dq, dk, dv) from dout and the forward's q, k, v, out and lse."""
-    index = _cuda_index(q, k, v, out, ("dout", dout), ("lse", lse))
-    dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
-    _bwd_launch(dout, q, k, v, out, lse, dq, dk, dv, (softmax_scale, causal, window_left, window_right, softcap),
-                deterministic, index, _current_stream(index), False)
-    return dq, dk, dv
-
-
-_lib.impl("bwd", _bwd_cuda, "CUDA")
-
-
-@torch.library.register_fake("flashcute::bwd", lib=_lib)
-def _bwd_fake(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, softmax_scale: float,
-              causal: bool, window_left: int, window_right: int, softcap: float,
-              deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
-
-
-def _grad_ready(t: Tensor) -> Tensor:
-    # Autograd may hand an expanded (stride 0) or otherwise strided gradient; the kernels want
-    # the last dim contiguous and 16-byte rows.
-    return t if t.is_contiguous() else t.contiguous()
-
-
 def _fwd_lse_setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
-    q, k, v, softmax_scale, causal, window_left, window_right, softcap = inputs
+    q, k, v, *options = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
-    ctx.options = (softmax_scale, causal, window_left, window_right, softcap)
+    ctx.options = tuple(options)
     ctx.mark_non_differentiable(lse)
 
 
@@ -215,85 +190,46 @@ def _fwd_lse_backward(ctx: Any, grad_out: Tensor, grad_lse: Optional[Tensor]) ->
     return dq, dk, dv, None, None, None, None, None
 
 
-torch.library.register_autograd("flashcute::fwd_lse", _fwd_lse_backward, setup_context=_fwd_lse_setup_context,
-                                lib=_lib)
+_fwd_op = _op(f"fwd(Tensor q, Tensor k, Tensor v, {_OPTIONS}) -> Tensor", _fwd_cuda, _fwd_fake)
+_fwd_lse_op = _op(f"fwd_lse(Tensor q, Tensor k, Tensor v, {_OPTIONS}) -> (Tensor, Tensor)", _fwd_lse_cuda,
+                  _fwd_lse_fake, _fwd_lse_backward, _fwd_lse_setup_context)
 
 
-# Resolved once: torch.ops attribute lookups cost per call.
-_fwd_op = torch.ops.flashcute.fwd.default
-_fwd_lse_op = torch.ops.flashcute.fwd_lse.default
-_bwd_op = torch.ops.flashcute.bwd.default
+# ---------------------------------------------------------------------------------------- backward
 
 
-# ---------------------------------------------------------------------------------------- the entry
+def _bwd_launch(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dq: Tensor, dk: Tensor,
+                dv: Tensor, options: tuple, deterministic: bool, index: int, stream: int,
+                check_stream_device: bool, varlen: tuple = ()) -> None:
+    """varlen: () or (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)."""
+    if varlen:
+        floats = _C.bwd_workspace_floats(1, q.shape[1], q.shape[0])
+        varlen = (_desc(varlen[0]), _desc(varlen[1]), varlen[2], varlen[3])
+    else:
+        b, sq, h, _ = q.shape
+        floats = _C.bwd_workspace_floats(b, h, sq)
+    workspace = q.new_empty((floats,), dtype=torch.float32)  # D = rowsum(dout * out)
+    _C.bwd(_desc(dout), _desc(q), _desc(k), _desc(v), _desc(out), _desc(lse), _desc(dq), _desc(dk), _desc(dv),
+           _desc(workspace), options, deterministic, stream, index, check_stream_device, *varlen)
 
 
-def _may_be_traced(*tensors: Optional[Tensor]) -> bool:
-    """Whether anything but a plain eager call could be happening: then the op is the way in."""
-    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0:
-        return True
-    return any(t is not None and type(t) is not Tensor for t in tensors)
-
-
-def flash_attn(q: Tensor, k: Tensor, v: Tensor, out: Optional[Tensor], return_lse: bool, stream: Optional[int],
-               args: tuple) -> Tuple[Tensor, Optional[Tensor]]:
-    """flash_attn_func's torch path. args: (softmax_scale, causal, window_left, window_right, softcap)."""
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        # Differentiable: flashcute::fwd_lse, whose autograd formula runs flashcute::bwd.
-        if out is not None or stream is not None:
-            raise TypeError(
-                "out=, stream=: not supported when q, k or v requires grad (the differentiable op allocates "
-                "its output and runs on the current stream); call without them, or under torch.no_grad()"
-            )
-        o, lse = _fwd_lse_op(q, k, v, *args)
-        return o, (lse if return_lse else None)
-    if _may_be_traced(q, k, v, out):
-        if out is not None or stream is not None:
-            raise TypeError(
-                "out=, stream=: not supported under torch.compile, torch.export or other tracing (the traced "
-                "op allocates its output and runs on the current stream); call without them there"
-            )
-        if return_lse:
-            return _fwd_lse_op(q, k, v, *args)
-        return _fwd_op(q, k, v, *args), None
-
-    # Eager: the same launch as the op's, without the dispatcher.
-    index = _cuda_index(q, k, v, out)
-    current = _current_stream(index)
-    if stream is None or stream == current:  # the common case, without the context manager
-        if out is None:
-            out = q.new_empty(q.shape)
-        lse = q.new_empty(_lse_shape(q), dtype=torch.float32) if return_lse else None
-        _launch(q, k, v, out, lse, args, index, current, False)
-        return out, lse
-    handle, ctx, check = _launch_context(q.device, stream, current)
-    with ctx:
-        if out is None:
-            out = q.new_empty(q.shape)
-        lse = q.new_empty(_lse_shape(q), dtype=torch.float32) if return_lse else None
-    _launch(q, k, v, out, lse, args, index, handle, check)
-    return out, lse
-
-
-def flash_attn_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-                   dq: Optional[Tensor], dk: Optional[Tensor], dv: Optional[Tensor], stream: Optional[int],
-                   args: tuple, deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
-    """flash_attn_bwd's torch path: the op under tracing, a direct launch eagerly."""
-    if _may_be_traced(dout, q, k, v, out, lse, dq, dk, dv):
-        if dq is not None or dk is not None or dv is not None or stream is not None:
-            raise TypeError(
-                "dq=, dk=, dv=, stream=: not supported under torch.compile, torch.export or other tracing (the "
-                "traced op allocates its outputs and runs on the current stream); call without them there"
-            )
-        return _bwd_op(dout, q, k, v, out, lse, *args, deterministic)
-    index = _cuda_index(q, k, v, out, ("dout", dout), ("lse", lse), ("dq", dq), ("dk", dk), ("dv", dv))
-    handle, ctx, check = _launch_context(q.device, stream, _current_stream(index))
-    with ctx:
-        dq = q.new_empty(q.shape) if dq is None else dq
-        dk = k.new_empty(k.shape) if dk is None else dk
-        dv = v.new_empty(v.shape) if dv is None else dv
-        _bwd_launch(dout, q, k, v, out, lse, dq, dk, dv, args, deterministic, index, handle, check)
+def _bwd_cuda(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+              softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int, softcap: float,
+              deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    """flashcute::bwd: (dq, dk, dv) from dout and the forward's q, k, v, out and lse."""
+    index = _cuda_index(q, k, v, out, ("dout", dout), ("lse", lse))
+    dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    _bwd_launch(dout, q, k, v, out, lse, dq, dk, dv, (softmax_scale, causal, window_left, window_right, softcap),
+                deterministic, index, _current_stream(index), False)
     return dq, dk, dv
+
+
+def _grads_fake(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, *rest: Any) -> Tuple[Tensor, Tensor, Tensor]:
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+_bwd_op = _op(f"bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, {_OPTIONS}, "
+              "bool deterministic) -> (Tensor, Tensor, Tensor)", _bwd_cuda, _grads_fake)
 
 
 # ---------------------------------------------------------------------------------------- varlen
@@ -302,11 +238,7 @@ def flash_attn_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, l
 # (total_k, nheads_k, headdim), cu_seqlens_* int32 (batch + 1,) on the device, never read on the
 # host. One op returns (out, lse), lse (nheads, total_q): its autograd formula needs the lse, and
 # it costs 4 bytes a query row and head.
-_VARLEN_ARGS = ("Tensor cu_seqlens_q, Tensor cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, "
-                "float softmax_scale, bool causal, SymInt window_left, SymInt window_right, float softcap")
-_lib.define(f"varlen_fwd(Tensor q, Tensor k, Tensor v, {_VARLEN_ARGS}) -> (Tensor, Tensor)")
-_lib.define(f"varlen_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, {_VARLEN_ARGS}, "
-            "bool deterministic) -> (Tensor, Tensor, Tensor)")
+_VARLEN = f"Tensor cu_seqlens_q, Tensor cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, {_OPTIONS}"
 
 
 def _varlen_lse_shape(q: Tensor) -> Tuple[Any, Any]:
@@ -314,56 +246,36 @@ def _varlen_lse_shape(q: Tensor) -> Tuple[Any, Any]:
 
 
 def _varlen_launch(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Optional[Tensor], cu_q: Tensor, cu_k: Tensor,
-                   max_q: int, max_k: int, args: tuple, index: int, stream: int, check_stream_device: bool) -> None:
-    _C.fwd_raw(_desc(q), _desc(k), _desc(v), _desc(out), None if lse is None else _desc(lse), *args, index, stream,
-               check_stream_device, _desc(cu_q), _desc(cu_k), max_q, max_k)
+                   max_q: int, max_k: int, options: tuple, index: int, stream: int, check_stream_device: bool) -> None:
+    _C.fwd(_desc(q), _desc(k), _desc(v), _desc(out), None if lse is None else _desc(lse), options, stream, index,
+           check_stream_device, _desc(cu_q), _desc(cu_k), max_q, max_k)
 
 
 def _varlen_fwd_cuda(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int,
-                     max_seqlen_k: int, softmax_scale: float, causal: bool, window_left: int, window_right: int,
-                     softcap: float) -> Tuple[Tensor, Tensor]:
+                     max_seqlen_k: int, *options: Any) -> Tuple[Tensor, Tensor]:
     """flashcute::varlen_fwd: (out, lse) of a variable-length batch, on the current stream."""
     index = _cuda_index(q, k, v, None, ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k))
     out = q.new_empty(q.shape)
     lse = q.new_empty(_varlen_lse_shape(q), dtype=torch.float32)
-    _varlen_launch(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                   (softmax_scale, causal, window_left, window_right, softcap), index, _current_stream(index), False)
+    _varlen_launch(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, options, index,
+                   _current_stream(index), False)
     return out, lse
 
 
 def _varlen_bwd_cuda(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cu_seqlens_q: Tensor,
-                     cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool,
-                     window_left: int, window_right: int, softcap: float,
-                     deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
+                     cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int, *rest: Any) -> Tuple[Tensor, Tensor, Tensor]:
     """flashcute::varlen_bwd: (dq, dk, dv) of a variable-length batch."""
+    *options, deterministic = rest
     index = _cuda_index(q, k, v, out, ("dout", dout), ("lse", lse), ("cu_seqlens_q", cu_seqlens_q),
                         ("cu_seqlens_k", cu_seqlens_k))
     dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
-    total_q, h = q.shape[0], q.shape[1]
-    workspace = q.new_empty((_C.bwd_workspace_floats(1, h, total_q),), dtype=torch.float32)
-    _C.bwd_raw(_desc(dout), _desc(q), _desc(k), _desc(v), _desc(out), _desc(lse), _desc(dq), _desc(dk), _desc(dv),
-               _desc(workspace), softmax_scale, causal, window_left, window_right, softcap, deterministic, index,
-               _current_stream(index), False, _desc(cu_seqlens_q), _desc(cu_seqlens_k), max_seqlen_q, max_seqlen_k)
+    _bwd_launch(dout, q, k, v, out, lse, dq, dk, dv, tuple(options), deterministic, index, _current_stream(index), False,
+                (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
     return dq, dk, dv
 
 
-_lib.impl("varlen_fwd", _varlen_fwd_cuda, "CUDA")
-_lib.impl("varlen_bwd", _varlen_bwd_cuda, "CUDA")
-
-
-@torch.library.register_fake("flashcute::varlen_fwd", lib=_lib)
-def _varlen_fwd_fake(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int,
-                     max_seqlen_k: int, softmax_scale: float, causal: bool, window_left: int, window_right: int,
-                     softcap: float) -> Tuple[Tensor, Tensor]:
+def _varlen_fwd_fake(q: Tensor, k: Tensor, v: Tensor, *rest: Any) -> Tuple[Tensor, Tensor]:
     return q.new_empty(q.shape), q.new_empty(_varlen_lse_shape(q), dtype=torch.float32)
-
-
-@torch.library.register_fake("flashcute::varlen_bwd", lib=_lib)
-def _varlen_bwd_fake(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cu_seqlens_q: Tensor,
-                     cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool,
-                     window_left: int, window_right: int, softcap: float,
-                     deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _varlen_fwd_setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
@@ -381,63 +293,187 @@ def _varlen_fwd_backward(ctx: Any, grad_out: Tensor, grad_lse: Optional[Tensor])
     return (dq, dk, dv) + (None,) * 9
 
 
-torch.library.register_autograd("flashcute::varlen_fwd", _varlen_fwd_backward,
-                                setup_context=_varlen_fwd_setup_context, lib=_lib)
+_varlen_fwd_op = _op(f"varlen_fwd(Tensor q, Tensor k, Tensor v, {_VARLEN}) -> (Tensor, Tensor)", _varlen_fwd_cuda,
+                     _varlen_fwd_fake, _varlen_fwd_backward, _varlen_fwd_setup_context)
+_varlen_bwd_op = _op(f"varlen_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, {_VARLEN}, "
+                     "bool deterministic) -> (Tensor, Tensor, Tensor)", _varlen_bwd_cuda, _grads_fake)
 
-_varlen_fwd_op = torch.ops.flashcute.varlen_fwd.default
-_varlen_bwd_op = torch.ops.flashcute.varlen_bwd.default
+
+# ---------------------------------------------------------------------------------------- merge
+
+
+def _merge_launch(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor, out: Tensor, lse: Tensor, index: int,
+                  stream: int, check_stream_device: bool) -> None:
+    _C.merge(_desc(out_a), _desc(lse_a), _desc(out_b), _desc(lse_b), _desc(out), _desc(lse), stream, index,
+             check_stream_device)
+
+
+def _merge_index(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor, out: Optional[Tensor] = None) -> int:
+    return _device_index(("out_a", out_a), ("lse_a", lse_a), ("out_b", out_b), ("lse_b", lse_b), ("out", out))
+
+
+def _merge_cuda(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> Tuple[Tensor, Tensor]:
+    """flashcute::merge_attn_states: (out, lse) over the union of two disjoint key sets."""
+    index = _merge_index(out_a, lse_a, out_b, lse_b)
+    out, lse = out_a.new_empty(out_a.shape), lse_a.new_empty(lse_a.shape)
+    _merge_launch(out_a, lse_a, out_b, lse_b, out, lse, index, _current_stream(index), False)
+    return out, lse
+
+
+def _merge_fake(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> Tuple[Tensor, Tensor]:
+    return out_a.new_empty(out_a.shape), lse_a.new_empty(lse_a.shape)
+
+
+_merge_op = _op("merge_attn_states(Tensor out_a, Tensor lse_a, Tensor out_b, Tensor lse_b) -> (Tensor, Tensor)",
+                _merge_cuda, _merge_fake)
+
+
+# ---------------------------------------------------------------------------------------- KV cache
+
+# flash_attn_with_kvcache: attention over a KV cache, contiguous or paged, after writing the new
+# keys and values (k, v) into it in place, so the caches are mutated arguments. cache_seqlens and
+# block_table stay on the device (a decode step can be captured in a CUDA graph). The split-KV
+# workspace is allocated inside the op, with torch, on the launch stream.
+
+
+def _kvcache_launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor], v: Optional[Tensor],
+                    cache_seqlens: Optional[Tensor], block_table: Optional[Tensor], out: Tensor, lse: Optional[Tensor],
+                    options: tuple, num_splits: int, index: int, stream: int, check_stream_device: bool) -> int:
+    keep = []  # the workspace lives until the launch is made; the allocator orders its reuse after it
+
+    def alloc(n: int) -> tuple:
+        keep.append(q.new_empty((n,), dtype=torch.float32))
+        return _desc(keep[-1])
+
+    def opt(t: Optional[Tensor]) -> Optional[tuple]:
+        return None if t is None else _desc(t)
+
+    return _C.fwd_kvcache(_desc(q), _desc(k_cache), _desc(v_cache), _desc(out), opt(lse), opt(k), opt(v),
+                          opt(cache_seqlens), opt(block_table), alloc, options, num_splits, stream, index,
+                          check_stream_device)
+
+
+def _kvcache_index(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor], v: Optional[Tensor],
+                   cache_seqlens: Optional[Tensor], block_table: Optional[Tensor], out: Optional[Tensor]) -> int:
+    return _device_index(("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v),
+                         ("cache_seqlens", cache_seqlens), ("block_table", block_table), ("out", out))
+
+
+def _fwd_kvcache_cuda(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor], v: Optional[Tensor],
+                      cache_seqlens: Optional[Tensor], block_table: Optional[Tensor], *rest: Any) -> Tuple[Tensor, Tensor]:
+    """flashcute::fwd_kvcache: (out, lse) over the cache, after appending k, v; current stream."""
+    *options, num_splits = rest
+    index = _kvcache_index(q, k_cache, v_cache, k, v, cache_seqlens, block_table, None)
+    out = q.new_empty(q.shape)
+    lse = q.new_empty(_lse_shape(q), dtype=torch.float32)
+    _kvcache_launch(q, k_cache, v_cache, k, v, cache_seqlens, block_table, out, lse, tuple(options), num_splits, index,
+                    _current_stream(index), False)
+    return out, lse
+
+
+def _fwd_kvcache_fake(q: Tensor, *rest: Any) -> Tuple[Tensor, Tensor]:
+    return q.new_empty(q.shape), q.new_empty(_lse_shape(q), dtype=torch.float32)
+
+
+_fwd_kvcache_op = _op(
+    "fwd_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k, Tensor? v, Tensor? cache_seqlens, "
+    f"Tensor? block_table, {_OPTIONS}, int num_splits) -> (Tensor, Tensor)", _fwd_kvcache_cuda, _fwd_kvcache_fake)
+
+
+# ---------------------------------------------------------------------------------------- the binding
+
+
+def _may_be_traced(*tensors: Optional[Tensor]) -> bool:
+    """Whether anything but a plain eager call could be happening: then the op is the way in."""
+    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0:
+        return True
+    return any(t is not None and type(t) is not Tensor for t in tensors)
+
+
+def _refuse_out_stream(what: str) -> None:
+    raise TypeError(f"{what}: not supported when q, k or v requires grad, or under torch.compile, torch.export or "
+                    "other tracing (the op allocates its output and runs on the current stream); call without them")
+
+
+def flash_attn(q: Tensor, k: Tensor, v: Tensor, out: Optional[Tensor], return_lse: bool, stream: Optional[int],
+               options: tuple) -> Tuple[Tensor, Optional[Tensor]]:
+    """flash_attn_func's torch path. options: (softmax_scale or None, causal, window_left,
+    window_right, softcap)."""
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        # Differentiable: flashcute::fwd_lse, whose autograd formula runs flashcute::bwd.
+        if out is not None or stream is not None:
+            raise TypeError(
+                "out=, stream=: not supported when q, k or v requires grad (the differentiable op allocates "
+                "its output and runs on the current stream); call without them, or under torch.no_grad()"
+            )
+        o, lse = _fwd_lse_op(q, k, v, *options)
+        return o, (lse if return_lse else None)
+    if _may_be_traced(q, k, v, out):
+        if out is not None or stream is not None:
+            raise TypeError(
+                "out=, stream=: not supported under torch.compile, torch.export or other tracing (the traced "
+                "op allocates its output and runs on the current stream); call without them there"
+            )
+        if return_lse:
+            return _fwd_lse_op(q, k, v, *options)
+        return _fwd_op(q, k, v, *options), None
+
+    # Eager: the same launch as the op's, without the dispatcher.
+    index = _cuda_index(q, k, v, out)
+    current = _current_stream(index)
+    if stream is None or stream == current:  # the common case, without the context manager
+        if out is None:
+            out = q.new_empty(q.shape)
+        lse = q.new_empty(_lse_shape(q), dtype=torch.float32) if return_lse else None
+        _launch(q, k, v, out, lse, options, index, current, False)
+        return out, lse
+    handle, ctx, check = _launch_context(q.device, stream, current)
+    with ctx:
+        if out is None:
+            out = q.new_empty(q.shape)
+        lse = q.new_empty(_lse_shape(q), dtype=torch.float32) if return_lse else None
+    _launch(q, k, v, out, lse, options, index, handle, check)
+    return out, lse
+
+
+def flash_attn_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                   dq: Optional[Tensor], dk: Optional[Tensor], dv: Optional[Tensor], stream: Optional[int],
+                   options: tuple, deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    """flash_attn_bwd's torch path: the op under tracing, a direct launch eagerly."""
+    if _may_be_traced(dout, q, k, v, out, lse, dq, dk, dv):
+        if dq is not None or dk is not None or dv is not None or stream is not None:
+            raise TypeError(
+                "dq=, dk=, dv=, stream=: not supported under torch.compile, torch.export or other tracing (the "
+                "traced op allocates its outputs and runs on the current stream); call without them there"
+            )
+        return _bwd_op(dout, q, k, v, out, lse, *options, deterministic)
+    index = _cuda_index(q, k, v, out, ("dout", dout), ("lse", lse), ("dq", dq), ("dk", dk), ("dv", dv))
+    handle, ctx, check = _launch_context(q.device, stream, _current_stream(index))
+    with ctx:
+        dq = q.new_empty(q.shape) if dq is None else dq
+        dk = k.new_empty(k.shape) if dk is None else dk
+        dv = v.new_empty(v.shape) if dv is None else dv
+        _bwd_launch(dout, q, k, v, out, lse, dq, dk, dv, options, deterministic, index, handle, check)
+    return dq, dk, dv
 
 
 def flash_attn_varlen(q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Tensor, max_q: int, max_k: int,
                       out: Optional[Tensor], return_lse: bool, stream: Optional[int],
-                      args: tuple) -> Tuple[Tensor, Optional[Tensor]]:
+                      options: tuple) -> Tuple[Tensor, Optional[Tensor]]:
     """flash_attn_varlen_func's torch path: the op when differentiable or traced, else a direct launch."""
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if grad or _may_be_traced(q, k, v, out, cu_q, cu_k):
         if out is not None or stream is not None:
-            raise TypeError(
-                "out=, stream=: not supported when q, k or v requires grad, or under torch.compile, torch.export or "
-                "other tracing (the op allocates its output and runs on the current stream); call without them"
-            )
-        o, lse = _varlen_fwd_op(q, k, v, cu_q, cu_k, max_q, max_k, *args)
+            _refuse_out_stream("out=, stream=")
+        o, lse = _varlen_fwd_op(q, k, v, cu_q, cu_k, max_q, max_k, *options)
         return o, (lse if return_lse else None)
     index = _cuda_index(q, k, v, out, ("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k))
     handle, ctx, check = _launch_context(q.device, stream, _current_stream(index))
     with ctx:
         out = q.new_empty(q.shape) if out is None else out
         lse = q.new_empty(_varlen_lse_shape(q), dtype=torch.float32) if return_lse else None
-        _varlen_launch(q, k, v, out, lse, cu_q, cu_k, max_q, max_k, args, index, handle, check)
+        _varlen_launch(q, k, v, out, lse, cu_q, cu_k, max_q, max_k, options, index, handle, check)
     return out, lse
-
-
-# ---------------------------------------------------------------------------------------- merge
-
-_lib.define("merge_attn_states(Tensor out_a, Tensor lse_a, Tensor out_b, Tensor lse_b) -> (Tensor, Tensor)")
-
-
-def _merge_launch(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor, out: Tensor, lse: Tensor, index: int,
-                  stream: int, check_stream_device: bool) -> None:
-    _C.merge_raw(_desc(out_a), _desc(lse_a), _desc(out_b), _desc(lse_b), _desc(out), _desc(lse), index, stream,
-                 check_stream_device)
-
-
-def _merge_cuda(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> Tuple[Tensor, Tensor]:
-    """flashcute::merge_attn_states: (out, lse) over the union of two disjoint key sets."""
-    index = _device_index(("out_a", out_a), ("lse_a", lse_a), ("out_b", out_b), ("lse_b", lse_b))
-    out, lse = out_a.new_empty(out_a.shape), lse_a.new_empty(lse_a.shape)
-    _merge_launch(out_a, lse_a, out_b, lse_b, out, lse, index, _current_stream(index), False)
-    return out, lse
-
-
-_lib.impl("merge_attn_states", _merge_cuda, "CUDA")
-
-
-@torch.library.register_fake("flashcute::merge_attn_states", lib=_lib)
-def _merge_fake(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> Tuple[Tensor, Tensor]:
-    return out_a.new_empty(out_a.shape), lse_a.new_empty(lse_a.shape)
-
-
-_merge_op = torch.ops.flashcute.merge_attn_states.default
 
 
 def merge_attn_states(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor, out: Optional[Tensor],
@@ -448,7 +484,7 @@ def merge_attn_states(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor
     if _may_be_traced(out_a, lse_a, out_b, lse_b, out):
         raise TypeError("out=, stream=: not supported under torch.compile, torch.export or other tracing; call "
                         "without them there")
-    index = _device_index(("out_a", out_a), ("lse_a", lse_a), ("out_b", out_b), ("lse_b", lse_b), ("out", out))
+    index = _merge_index(out_a, lse_a, out_b, lse_b, out)
     handle, ctx, check = _launch_context(out_a.device, stream, _current_stream(index))
     with ctx:
         out = out_a.new_empty(out_a.shape) if out is None else out
@@ -457,88 +493,27 @@ def merge_attn_states(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor
     return out, lse
 
 
-# ---------------------------------------------------------------------------------------- KV cache
-
-# flash_attn_with_kvcache: attention over a KV cache, contiguous or paged, after writing the new
-# keys and values (k, v) into it in place, so the caches are mutated arguments. cache_seqlens and
-# block_table stay on the device (a decode step can be captured in a CUDA graph). The split-KV
-# workspace is allocated inside the op, with torch, on the launch stream.
-_lib.define(
-    "fwd_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor? k, Tensor? v, Tensor? cache_seqlens, "
-    "Tensor? block_table, float softmax_scale, bool causal, SymInt window_left, SymInt window_right, "
-    "float softcap, int num_splits) -> (Tensor, Tensor)"
-)
-
-
-def _kvcache_launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor], v: Optional[Tensor],
-                    cache_seqlens: Optional[Tensor], block_table: Optional[Tensor], out: Tensor, lse: Optional[Tensor],
-                    args: tuple, num_splits: int, index: int, stream: int, check_stream_device: bool) -> int:
-    keep = []  # the workspace lives until the launch is made; the allocator orders its reuse after it
-
-    def alloc(n: int) -> tuple:
-        keep.append(q.new_empty((n,), dtype=torch.float32))
-        return _desc(keep[-1])
-
-    def opt(t: Optional[Tensor]) -> Optional[tuple]:
-        return None if t is None else _desc(t)
-
-    return _C.fwd_kvcache_raw(_desc(q), _desc(k_cache), _desc(v_cache), _desc(out), opt(lse), opt(k), opt(v),
-                              opt(cache_seqlens), opt(block_table), alloc, *args, num_splits, index, stream,
-                              check_stream_device)
-
-
-def _kvcache_index(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor], v: Optional[Tensor],
-                   cache_seqlens: Optional[Tensor], block_table: Optional[Tensor], out: Optional[Tensor]) -> int:
-    return _device_index(("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v),
-                         ("cache_seqlens", cache_seqlens), ("block_table", block_table), ("out", out))
-
-
-def _fwd_kvcache_cuda(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor], v: Optional[Tensor],
-                      cache_seqlens: Optional[Tensor], block_table: Optional[Tensor], softmax_scale: float,
-                      causal: bool, window_left: int, window_right: int, softcap: float,
-                      num_splits: int) -> Tuple[Tensor, Tensor]:
-    """flashcute::fwd_kvcache: (out, lse) over the cache, after appending k, v; current stream."""
-    index = _kvcache_index(q, k_cache, v_cache, k, v, cache_seqlens, block_table, None)
-    out = q.new_empty(q.shape)
-    lse = q.new_empty(_lse_shape(q), dtype=torch.float32)
-    _kvcache_launch(q, k_cache, v_cache, k, v, cache_seqlens, block_table, out, lse,
-                    (softmax_scale, causal, window_left, window_right, softcap), num_splits, index,
-                    _current_stream(index), False)
-    return out, lse
-
-
-_lib.impl("fwd_kvcache", _fwd_kvcache_cuda, "CUDA")
-
-
-@torch.library.register_fake("flashcute::fwd_kvcache", lib=_lib)
-def _fwd_kvcache_fake(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor], v: Optional[Tensor],
-                      cache_seqlens: Optional[Tensor], block_table: Optional[Tensor], softmax_scale: float,
-                      causal: bool, window_left: int, window_right: int, softcap: float,
-                      num_splits: int) -> Tuple[Tensor, Tensor]:
-    return q.new_empty(q.shape), q.new_empty(_lse_shape(q), dtype=torch.float32)
-
-
-_fwd_kvcache_op = torch.ops.flashcute.fwd_kvcache.default
-
-
 def flash_attn_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor], v: Optional[Tensor],
-                       cache_seqlens: Optional[Tensor], block_table: Optional[Tensor], out: Optional[Tensor],
-                       return_lse: bool, stream: Optional[int], args: tuple,
+                       cache_seqlens: Union[None, int, Tensor], block_table: Optional[Tensor], out: Optional[Tensor],
+                       return_lse: bool, stream: Optional[int], options: tuple,
                        num_splits: int) -> Tuple[Tensor, Optional[Tensor]]:
-    """flash_attn_with_kvcache's torch path: the op under tracing, a direct launch eagerly."""
+    """flash_attn_with_kvcache's torch path: the op under tracing, a direct launch eagerly. An int
+    cache_seqlens is the same length for every batch entry."""
+    if cache_seqlens is not None and not isinstance(cache_seqlens, Tensor):
+        cache_seqlens = torch.full((q.shape[0],), int(cache_seqlens), dtype=torch.int32, device=q.device)
     if _may_be_traced(q, k_cache, v_cache, k, v, cache_seqlens, block_table, out):
         if out is not None or stream is not None:
             raise TypeError(
                 "out=, stream=: not supported under torch.compile, torch.export or other tracing (the traced op "
                 "allocates its output and runs on the current stream); call without them there"
             )
-        o, lse = _fwd_kvcache_op(q, k_cache, v_cache, k, v, cache_seqlens, block_table, *args, num_splits)
+        o, lse = _fwd_kvcache_op(q, k_cache, v_cache, k, v, cache_seqlens, block_table, *options, num_splits)
         return o, (lse if return_lse else None)
     index = _kvcache_index(q, k_cache, v_cache, k, v, cache_seqlens, block_table, out)
     handle, ctx, check = _launch_context(q.device, stream, _current_stream(index))
     with ctx:
         out = q.new_empty(q.shape) if out is None else out
         lse = q.new_empty(_lse_shape(q), dtype=torch.float32) if return_lse else None
-        _kvcache_launch(q, k_cache, v_cache, k, v, cache_seqlens, block_table, out, lse, args, num_splits, index,
+        _kvcache_launch(q, k_cache, v_cache, k, v, cache_seqlens, block_table, out, lse, options, num_splits, index,
                         handle, check)
     return out, lse

@@ -1,82 +1,28 @@
 """flashcute's Python API: :func:`flash_attn_func` over torch, CuPy, JAX and any DLPack CUDA array.
 
-The heavy lifting (validation of shapes, strides, dtypes and devices, and the launch) is in the
-compiled module :mod:`flashcute._C`. This module adds what is framework specific: recognising
-torch / CuPy / JAX arrays without importing a framework the caller did not use, picking the
-stream, and allocating the outputs through the caller's framework (so caching allocators and
-stream order hold). torch goes through the custom ops ``flashcute::fwd``/``fwd_lse`` (:mod:`flashcute._torch`),
-JAX through an XLA FFI custom call (:mod:`flashcute._jax`), CuPy and other DLPack producers
-through DLPack.
+The heavy lifting (validation of shapes, strides, dtypes, devices and values, and the launch) is
+in the compiled module :mod:`flashcute._C`. The Python side adds what is framework specific:
+recognising torch / CuPy / JAX arrays without importing a framework the caller did not use, picking
+the stream, and allocating the outputs through the caller's framework (so caching allocators and
+stream order hold). torch goes through the custom ops ``flashcute::fwd``/``fwd_lse``
+(:mod:`flashcute._torch`), JAX through an XLA FFI custom call (:mod:`flashcute._jax`), CuPy and
+other DLPack producers through DLPack.
 """
-
-from __future__ import annotations
 
 import numbers
 from typing import Any, Optional, Tuple, Union
 
-from ._args import (_CUPY, _DLPACK, _JAX, _TORCH, _as_bool, _as_int, _check_fa2_only, _check_cuda_array,
-                    _kernel_args, _one_framework, _parse_options, _parse_stream, _type_name)
+from ._args import (_as_bool, _as_int, _check_fa2_only, _check_scalars_first, _one_framework, _parse_options,
+                    _parse_stream)
 
-__all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_bwd", "merge_attn_states"]
+__all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache", "flash_attn_bwd",
+           "merge_attn_states"]
 
-# ---------------------------------------------------------------------------
-# Per-framework launch
-# ---------------------------------------------------------------------------
-#
-# torch: flashcute._torch (the custom ops, and an eager fast path that passes data pointers,
-# shapes and strides, no DLPack). JAX: flashcute._jax (XLA FFI custom calls). CuPy:
-# flashcute._cupy (DLPack, ordered on CuPy's stream). Other DLPack producers: _run_dlpack.
-
-
-def _lse_shape(q: Any) -> Tuple[int, int, int]:
-    b, sq, h, _ = q.shape
-    return (b, h, sq)
-
-
-def _run_cupy(q, k, v, out, return_lse, stream, args):
-    from . import _cupy
-
-    return _cupy.run_fwd(q, k, v, out, _lse_shape(q) if return_lse else None, stream, args)
-
-
-def _run_dlpack(q, k, v, out, return_lse, stream, args):
-    # A DLPack producer flashcute does not know: it cannot allocate through it.
-    if out is None or return_lse:
-        raise TypeError(
-            f"q: flashcute allocates outputs through torch, CuPy or JAX, and q is a {_type_name(q)}; "
-            "pass out= (a CUDA array like q) and return_lse=False, or convert the inputs"
-        )
-    # The DLPack protocol: the consumer names its stream (1 = legacy default,
-    # 0 is not allowed) and the producer makes it wait for its pending work.
-    handle = 0 if stream is None else stream
-    dl_stream = 1 if handle == 0 else handle
-
-    def export(a):
-        return a.__dlpack__(stream=dl_stream)
-
-    from . import _C
-
-    _C.fwd(export(q), export(k), export(v), export(out), None, *args, handle)
-    return out, None
-
-
-def _run_torch(q, k, v, out, return_lse, stream, args):
-    global _run_torch_impl
-    if _run_torch_impl is None:  # first torch call: import the binding (torch is there already)
-        from ._torch import flash_attn as _run_torch_impl
-    return _run_torch_impl(q, k, v, out, return_lse, stream, args)
-
-
-def _run_jax(q, k, v, out, return_lse, stream, args):
-    from . import _jax  # imports jax, which the caller has
-
-    return _jax.flash_attn(q, k, v, out, return_lse, stream, args)
-
-
-_run_torch_impl = None
-
-
-_RUNNERS = {_TORCH: _run_torch, _CUPY: _run_cupy, _JAX: _run_jax, _DLPACK: _run_dlpack}
+# Each call checks its plain arguments (flashcute._args), finds the framework of its arrays in the
+# registry (flashcute._args._framework), and hands the call to that framework's binding, which has
+# the same functions for every framework: flashcute._torch (the custom ops, and an eager fast path
+# that passes data pointers, shapes and strides, no DLPack), flashcute._jax (XLA FFI custom calls),
+# flashcute._cupy (DLPack, ordered on CuPy's stream), flashcute._dlpack (other DLPack producers).
 
 
 # ---------------------------------------------------------------------------
@@ -212,15 +158,17 @@ def flash_attn_func(
     _check_fa2_only(dropout_p, alibi_slopes)
     _as_bool("deterministic", deterministic)  # the forward pass is deterministic either way
     return_attn_probs = _as_bool("return_attn_probs", return_attn_probs)
-    softmax_scale, causal, window_left, window_right, softcap = _parse_options(softmax_scale, causal, window_size,
-                                                                               softcap)
+    options = _parse_options(softmax_scale, causal, window_size, softcap)
     return_lse = _as_bool("return_lse", return_lse)
     stream = _parse_stream(stream)
 
     # Arrays: CUDA arrays of one framework.
-    fw = _one_framework(("q", q), ("k", k), ("v", v), ("out", out), optional=("out",))
-    args = _kernel_args(q, softmax_scale, causal, window_left, window_right, softcap)
-    out, lse = _RUNNERS[fw](q, k, v, out, return_lse or return_attn_probs, stream, args)
+    try:
+        fw = _one_framework(("q", q), ("k", k), ("v", v), ("out", out), optional=("out",))
+        out, lse = fw.binding.flash_attn(q, k, v, out, return_lse or return_attn_probs, stream, options)
+    except (TypeError, ValueError):
+        _check_scalars_first(options)
+        raise
     if return_attn_probs:
         return out, lse, None
     return (out, lse) if return_lse else out
@@ -267,27 +215,17 @@ def flash_attn_bwd(
     Memory: a float32 workspace of batch_size * nheads * seqlen_q elements, besides the outputs.
     Raises the same errors as ``flash_attn_func``, naming the argument.
     """
-    softmax_scale, causal, window_left, window_right, softcap = _parse_options(softmax_scale, causal, window_size,
-                                                                               softcap)
+    options = _parse_options(softmax_scale, causal, window_size, softcap)
     deterministic = _as_bool("deterministic", deterministic)
     stream = _parse_stream(stream)
 
-    fw = _one_framework(("q", q), ("dout", dout), ("k", k), ("v", v), ("out", out), ("lse", lse), ("dq", dq),
-                        ("dk", dk), ("dv", dv), optional=("dq", "dk", "dv"))
-    args = _kernel_args(q, softmax_scale, causal, window_left, window_right, softcap)
-    if fw == _TORCH:
-        from ._torch import flash_attn_bwd as run
-
-        return run(dout, q, k, v, out, lse, dq, dk, dv, stream, args, deterministic)
-    if fw == _CUPY:
-        from . import _cupy
-
-        return _cupy.run_bwd(dout, q, k, v, out, lse, dq, dk, dv, stream, args, deterministic)
-    if fw == _JAX:
-        raise TypeError("q: flash_attn_bwd takes torch or CuPy arrays; JAX users differentiate flash_attn_func "
-                        "with jax.grad")
-    raise TypeError(f"q: flash_attn_bwd allocates through torch or CuPy, and q is a {_type_name(q)}; convert the "
-                    "arrays")
+    try:
+        fw = _one_framework(("q", q), ("dout", dout), ("k", k), ("v", v), ("out", out), ("lse", lse), ("dq", dq),
+                            ("dk", dk), ("dv", dv), optional=("dq", "dk", "dv"))
+        return fw.binding.flash_attn_bwd(dout, q, k, v, out, lse, dq, dk, dv, stream, options, deterministic)
+    except (TypeError, ValueError):
+        _check_scalars_first(options)
+        raise
 
 
 # ---------------------------------------------------------------------------
@@ -362,37 +300,20 @@ def flash_attn_varlen_func(
     _as_bool("deterministic", deterministic)
     return_attn_probs = _as_bool("return_attn_probs", return_attn_probs)
     want_lse = _as_bool("return_lse", return_lse) | _as_bool("return_softmax_lse", return_softmax_lse)
-    softmax_scale, causal, window_left, window_right, softcap = _parse_options(softmax_scale, causal, window_size,
-                                                                               softcap)
     max_seqlen_q = _as_int("max_seqlen_q", max_seqlen_q)
     max_seqlen_k = _as_int("max_seqlen_k", max_seqlen_k)
-    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
-        if value < 0:
-            raise ValueError(f"{name}: expected an int >= 0, got {value}")
+    options = _parse_options(softmax_scale, causal, window_size, softcap)
     stream = _parse_stream(stream)
 
-    fw = _one_framework(("q", q), ("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k),
-                        ("out", out), optional=("out",))
-    args = _kernel_args(q, softmax_scale, causal, window_left, window_right, softcap, "(total_q, nheads, headdim)")
     want_lse = want_lse or return_attn_probs
-    if fw == _TORCH:
-        from ._torch import flash_attn_varlen
-
-        out, lse = flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out, want_lse,
-                                     stream, args)
-    elif fw == _CUPY:
-        from . import _cupy
-
-        out, lse = _cupy.run_fwd(q, k, v, out, (q.shape[1], q.shape[0]) if want_lse else None, stream, args,
-                                 (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
-    elif fw == _JAX:
-        from ._jax import flash_attn_varlen as run_jax
-
-        out, lse = run_jax(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out, want_lse, stream,
-                           args)
-    else:
-        raise TypeError(f"q: flash_attn_varlen_func allocates through torch or CuPy, and q is a {_type_name(q)}; "
-                        "convert the arrays")
+    try:
+        fw = _one_framework(("q", q), ("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q),
+                            ("cu_seqlens_k", cu_seqlens_k), ("out", out), optional=("out",))
+        out, lse = fw.binding.flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out,
+                                                want_lse, stream, options)
+    except (TypeError, ValueError):
+        _check_scalars_first(options, 0, max_seqlen_q, max_seqlen_k)
+        raise
     if return_attn_probs:
         return out, lse, None
     return (out, lse) if want_lse else out
@@ -480,44 +401,22 @@ def flash_attn_with_kvcache(
     _check_fa2_only(0.0, alibi_slopes)
     _as_bool("rotary_interleaved", rotary_interleaved)
     want_lse = _as_bool("return_softmax_lse", return_softmax_lse) | _as_bool("return_lse", return_lse)
-    softmax_scale, causal, window_left, window_right, softcap = _parse_options(softmax_scale, causal, window_size,
-                                                                               softcap)
     num_splits = _as_int("num_splits", num_splits)
-    if not 0 <= num_splits <= 128:
-        raise ValueError(f"num_splits: expected 0 (automatic) to 128, got {num_splits}")
+    options = _parse_options(softmax_scale, causal, window_size, softcap)
     stream = _parse_stream(stream)
     if isinstance(cache_seqlens, bool):
         raise TypeError("cache_seqlens: expected an int32 array or an int, got bool")
     seqlens_int = isinstance(cache_seqlens, numbers.Integral)  # made into an array below, in q's framework
-    fw = _one_framework(("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v),
-                        ("block_table", block_table), ("out", out),
-                        ("cache_seqlens", None if seqlens_int else cache_seqlens),
-                        optional=("k", "v", "block_table", "out", "cache_seqlens"))
-    if (k is None) != (v is None):
-        raise ValueError(f"{'v' if v is None else 'k'}: k and v (the new keys and values) must be given together")
-    args = _kernel_args(q, softmax_scale, causal, window_left, window_right, softcap)
-    if fw == _TORCH:
-        import torch
-
-        from ._torch import flash_attn_kvcache
-
-        if seqlens_int:
-            cache_seqlens = torch.full((q.shape[0],), int(cache_seqlens), dtype=torch.int32, device=q.device)
-        out, lse = flash_attn_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, out, want_lse, stream,
-                                      args, num_splits)
-    elif fw == _CUPY:
-        import cupy
-
-        from . import _cupy
-
-        if seqlens_int:
-            with cupy.cuda.Device(q.device.id):
-                cache_seqlens = cupy.full((q.shape[0],), int(cache_seqlens), dtype=cupy.int32)
-        out, lse = _cupy.run_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, out, want_lse, stream,
-                                     args, num_splits)
-    else:
-        raise TypeError(f"q: flash_attn_with_kvcache updates the cache in place, which needs torch or CuPy arrays, "
-                        f"and q is a {_type_name(q)}")
+    try:
+        fw = _one_framework(("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v),
+                            ("block_table", block_table), ("out", out),
+                            ("cache_seqlens", None if seqlens_int else cache_seqlens),
+                            optional=("k", "v", "block_table", "out", "cache_seqlens"))
+        out, lse = fw.binding.flash_attn_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, out, want_lse,
+                                                 stream, options, num_splits)
+    except (TypeError, ValueError):
+        _check_scalars_first(options, num_splits)
+        raise
     return (out, lse) if want_lse else out
 
 
@@ -561,19 +460,4 @@ def merge_attn_states(
     stream = _parse_stream(stream)
     fw = _one_framework(("out_a", out_a), ("lse_a", lse_a), ("out_b", out_b), ("lse_b", lse_b), ("out", out),
                         optional=("out",))
-    if fw == _TORCH:
-        from ._torch import merge_attn_states as run
-
-        return run(out_a, lse_a, out_b, lse_b, out, stream)
-    if fw == _CUPY:
-        from . import _cupy
-
-        return _cupy.run_merge(out_a, lse_a, out_b, lse_b, out, stream)
-    if fw == _JAX:
-        if out is not None or stream is not None:
-            raise TypeError("out=, stream=: not supported with JAX inputs (immutable arrays; XLA's stream)")
-        from ._jax import merge_attn_states as run_jax
-
-        return run_jax(out_a, lse_a, out_b, lse_b)
-    raise TypeError(f"out_a: merge_attn_states allocates through torch, CuPy or JAX, and out_a is a "
-                    f"{_type_name(out_a)}; convert the arrays")
+    return fw.binding.merge_attn_states(out_a, lse_a, out_b, lse_b, out, stream)

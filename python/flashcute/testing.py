@@ -34,8 +34,6 @@ chunks of query rows, so the reference of a long sequence needs memory in propor
 ``CHUNK_SCORES``, not to seqlen_q * seqlen_k.
 """
 
-from __future__ import annotations
-
 import math
 from dataclasses import dataclass
 from typing import Any, Optional, Tuple

@@ -681,6 +681,31 @@ TEST(PlanFwd, RejectsScalars) {
   expect_error(plan(a), StatusCode::kInvalidArgument, "window_right", "window_right must be >= -1");
 }
 
+// The options alone follow the same rules (the Python API asks them first), and the backward
+// takes the forward's options as they are: one AttnOptions in both.
+TEST(PlanFwd, OptionsAreOneStructWithOneSetOfRules) {
+  flashcute::AttnOptions o;
+  EXPECT_TRUE(flashcute::detail::check_options(o).ok());
+  o.window_left = -2;
+  expect_error(flashcute::detail::check_options(o), StatusCode::kInvalidArgument, "window_left",
+               "window_left must be >= -1 (-1: unbounded), got -2");
+  o = {};
+  o.softmax_scale = 1e300;  // finite as a double, not as the kernels' float
+  expect_error(flashcute::detail::check_options(o), StatusCode::kInvalidArgument, "softmax_scale",
+               "softmax_scale must be a finite number > 0");
+  expect_error(flashcute::detail::check_num_splits(129), StatusCode::kInvalidArgument, "num_splits",
+               "num_splits: expected 0 (automatic) to 128, got 129");
+  expect_error(flashcute::detail::check_max_seqlens(0, -1), StatusCode::kInvalidArgument, "max_seqlen_k",
+               "max_seqlen_k must be >= 0");
+
+  flashcute::BwdArgs b;
+  b.options() = good_args().options();
+  b.softcap = -1.0;  // the forward's rules, checked by plan_fwd for the backward
+  flashcute::FwdArgs f = good_args();
+  f.options() = b.options();
+  expect_error(plan(f), StatusCode::kInvalidArgument, "softcap", "softcap must be a finite number >= 0");
+}
+
 TEST(PlanFwd, ReportsWhatTheBuildLeftOut) {
   for (DType dt : {DType::kFloat16, DType::kBFloat16}) {
     if (flashcute::dtype_compiled(dt)) continue;
@@ -1029,7 +1054,7 @@ TEST(PlanKvcache, RejectsEachArgumentByName) {
   expect_error(plan(a), StatusCode::kInvalidArgument, "k", "overflow a cache of 1024");
   a = good_paged_args();
   a.kvcache->v_new.reset();
-  expect_error(plan(a), StatusCode::kInvalidArgument, "v", "given together");
+  expect_error(plan(a), StatusCode::kInvalidArgument, "v", "v: k and v (the new keys and values) must be given together");
   a = good_paged_args();
   a.kvcache->v_new->shape[2] = 3;
   expect_error(plan(a), StatusCode::kInvalidArgument, "v", "(batch, seqlen_new, nheads_k, headdim)");

@@ -19,6 +19,7 @@ import flashcute
 from flashcute import _C
 
 F16 = np.float16
+OPTIONS = (0.125, False, -1, -1, 0.0)  # softmax_scale, causal, window_left, window_right, softcap
 
 
 def arr(shape, dtype=F16):
@@ -36,7 +37,7 @@ def fwd(q, k, v, out=None, lse=None, *, softmax_scale=0.125, causal=False, windo
         softcap=0.0, stream=0):
     if out is None:
         out = np.empty_like(q)
-    return _C.fwd(q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap, stream)
+    return _C.fwd(q, k, v, out, lse, (softmax_scale, causal, window_left, window_right, softcap), stream)
 
 
 def aligned_like(shape, dtype=F16, offset_bytes=0, strides=None):
@@ -92,7 +93,7 @@ def test_not_an_array():
     with raises(TypeError, "k: expected an array", "got list"):
         fwd(q, [[1.0]], v)
     with raises(TypeError, "out: expected an array", "NoneType"):
-        _C.fwd(q, k, v, None, None, 0.125, False, -1, -1, 0.0, 0)
+        _C.fwd(q, k, v, None, None, OPTIONS, 0)
     with raises(TypeError, "q: expected a CUDA array", "got str"):
         flashcute.flash_attn_func("q", k, v)
 
@@ -135,13 +136,15 @@ def test_rank(name, dims, rank):
         fwd(**args)
 
 
-def test_flash_attn_func_rank_of_q_is_checked_before_allocation():
-    # A fake CUDA producer gets past the CPU check; the rank is then checked in Python.
+def test_flash_attn_func_rank_of_q_is_checked_by_the_validation():
+    # A fake CUDA producer gets past the CPU check; the rank is then the compiled validation's to
+    # check (plan_fwd), before the device its export says it is on.
     class FakeCuda:
-        shape = (2, 128, 64)
+        def __init__(self):
+            self.array = np.zeros((2, 128, 64), F16)
 
         def __dlpack__(self, **kw):
-            raise AssertionError("must not be exported")
+            return self.array.__dlpack__()
 
         def __dlpack_device__(self):
             return (2, 0)
@@ -333,7 +336,8 @@ def test_window_size_type(window):
 @pytest.mark.parametrize("window", [(-2, 0), (0, -5)])
 def test_window_size_value(window):
     q, k, v = qkv()
-    with raises(ValueError, "window_size: each bound must be >= -1"):
+    side, got = ("left", -2) if window[0] == -2 else ("right", -5)
+    with raises(ValueError, f"window_{side} must be >= -1 (-1: unbounded), got {got}"):
         flashcute.flash_attn_func(q, k, v, window_size=window)
 
 
@@ -551,7 +555,7 @@ def test_not_compiled_float16():
         fwd(q, k, v)
 
 
-# ------------------------------------------------------------------------------------ _C.fwd_raw / check_fwd
+# ------------------------------------------------------------------------------------ descriptors / check_fwd
 
 
 def _desc(shape, dtype="float16", ptr=0x10000, strides=None):
@@ -566,7 +570,7 @@ def _desc(shape, dtype="float16", ptr=0x10000, strides=None):
 def fwd_raw(q, k, v, out=None, lse=None, **kw):
     args = dict(softmax_scale=0.125, causal=False, window_left=-1, window_right=-1, softcap=0.0)
     args.update(kw)
-    return _C.fwd_raw(q, k, v, out if out is not None else q, lse, *args.values(), 0, 0, False)
+    return _C.fwd(q, k, v, out if out is not None else q, lse, tuple(args.values()), 0, 0, False)
 
 
 def test_fwd_raw_validates_before_any_cuda_call():
@@ -602,7 +606,7 @@ def test_bwd_raw_names_each_new_argument():
 
     def bwd_raw(**replace):
         arrays = {**good, **replace}
-        return _C.bwd_raw(*arrays.values(), 0.125, False, -1, -1, 0.0, False, 0, 0, False)
+        return _C.bwd(*arrays.values(), OPTIONS, False, 0, 0, False)
 
     with raises(ValueError, "dout: expected shape (2, 128, 8, 64) like q, got (2, 128, 8, 32)"):
         bwd_raw(dout=_desc((b, s, h, 32), ptr=0x60000))
@@ -629,10 +633,9 @@ def test_bwd_raw_names_each_new_argument():
 def test_check_fwd_is_the_same_validation():
     shapes = ((2, 128, 8, 64), (2, 100, 3, 64), (2, 100, 3, 64))
     with raises(ValueError, "nheads (8) must be a multiple of nheads_k (3)"):
-        _C.check_fwd(*shapes, "float16", "float16", "float16", 0.125, False, -1, -1, 0.0)
+        _C.check_fwd(*((256, s, None, "float16") for s in shapes), OPTIONS)
     with raises(ValueError, "window_left must be >= -1"):
-        _C.check_fwd((1, 4, 2, 64), (1, 4, 2, 64), (1, 4, 2, 64), "float16", "float16", "float16", 0.125, False, -5,
-                     -1, 0.0)
+        _C.check_fwd(*[(256, (1, 4, 2, 64), None, "float16")] * 3, (0.125, False, -5, -1, 0.0))
 
 
 # ------------------------------------------------------------------------------------ varlen
@@ -641,7 +644,7 @@ def test_check_fwd_is_the_same_validation():
 def varlen_fwd(q, k, v, cu_q, cu_k, max_q=64, max_k=64, out=None, lse=None, **kw):
     if out is None:
         out = np.empty_like(q)
-    return _C.fwd(q, k, v, out, lse, 0.125, False, -1, -1, 0.0, 0, cu_q, cu_k, max_q, max_k, **kw)
+    return _C.fwd(q, k, v, out, lse, OPTIONS, 0, -1, True, cu_q, cu_k, max_q, max_k, **kw)
 
 
 def varlen_arrays(total_q=100, total_k=90, h=8, hk=4, d=64, batch=3):
@@ -673,7 +676,7 @@ def test_varlen_cu_seqlens_checks():
     with raises(ValueError, "cu_seqlens_q: expected int32 (batch + 1,) contiguous", "strides (2,)"):
         varlen_fwd(q, k, v, np.zeros(8, np.int32)[::2], cu_k)
     with raises(ValueError, "cu_seqlens_k: a variable-length call takes both cu_seqlens_q and cu_seqlens_k"):
-        _C.fwd(q, k, v, np.empty_like(q), None, 0.125, False, -1, -1, 0.0, 0, cu_q, None, 64, 64)
+        _C.fwd(q, k, v, np.empty_like(q), None, OPTIONS, 0, cu_seqlens_q=cu_q, max_seqlen_q=64, max_seqlen_k=64)
     with raises(ValueError, "max_seqlen_k must be >= 0"):
         varlen_fwd(q, k, v, cu_q, cu_k, max_k=-1)
 
@@ -708,7 +711,7 @@ def test_varlen_python_keywords():
         flashcute.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 64, 64, block_table=np.zeros((3, 4), np.int32))
     with raises(TypeError, "max_seqlen_q: expected an int, got float"):
         flashcute.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 64.0, 64)
-    with raises(ValueError, "max_seqlen_k: expected an int >= 0, got -2"):
+    with raises(ValueError, "max_seqlen_k must be >= 0 and <= 2147483647, got -2"):
         flashcute.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 64, -2)
     with raises(TypeError, "q: expected a CUDA array, got a CPU numpy.ndarray"):
         flashcute.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 64, 64)
@@ -731,7 +734,7 @@ def test_varlen_bwd_raw_names_each_argument():
     def bwd_raw(**replace):
         arrays = {**good, **{k: v for k, v in replace.items() if k in good}}
         extra = {**cu, **{k: v for k, v in replace.items() if k in cu}}
-        return _C.bwd_raw(*arrays.values(), 0.125, False, -1, -1, 0.0, False, 0, 0, False, **extra)
+        return _C.bwd(*arrays.values(), OPTIONS, False, 0, 0, False, **extra)
 
     with raises(ValueError, "dout: expected 3 dims (total_q, nheads, headdim) like q, got 4"):
         bwd_raw(dout=_desc((1, tq, h, d), ptr=0x60000))
@@ -782,3 +785,57 @@ def test_merge_checks_each_argument():
         merge(out_a=np.asfortranarray(oa))
     with raises(TypeError, "out_a: expected a CUDA array, got a CPU numpy.ndarray"):
         flashcute.merge_attn_states(oa, la, ob, lb)
+
+
+# ------------------------------------------------------------------------------------ the registry
+
+
+def test_every_binding_has_the_same_functions():
+    # flash_attn_interface dispatches through the registry only: each framework's binding module
+    # answers every call, running it or refusing it by name.
+    from flashcute import _args
+
+    names = ("flash_attn", "flash_attn_varlen", "flash_attn_bwd", "flash_attn_kvcache", "merge_attn_states")
+    for fw in (*_args._FRAMEWORKS, _args._DLPACK):
+        if fw.name in ("torch", "jax"):
+            pytest.importorskip(fw.name)
+        binding = fw.load()
+        assert binding.__name__ == "flashcute._" + ("dlpack" if fw.name in ("numpy", "dlpack") else fw.name)
+        for name in names:
+            assert callable(getattr(binding, name, None)), (fw.name, name)
+
+
+def test_registry_recognises_arrays_by_type():
+    from flashcute import _args
+
+    class DlpackOnly:
+        def __dlpack__(self, **kw):
+            raise AssertionError("not exported to be recognised")
+
+        def __dlpack_device__(self):
+            return (2, 0)
+
+    assert _args._framework(np.zeros(3)).name == "numpy"
+    assert _args._framework(DlpackOnly()) is _args._DLPACK
+    assert type(DlpackOnly()) in _args._BY_TYPE  # the next call is one dict lookup
+    for not_an_array in ([1.0], "q", None, 3):
+        assert _args._framework(not_an_array) is None
+    with pytest.raises(TypeError, match="q: flash_attn_bwd allocates through torch or CuPy"):
+        flashcute.flash_attn_bwd(*[DlpackOnly()] * 6)
+    with pytest.raises(TypeError, match="out_a: merge_attn_states allocates through torch, CuPy or JAX"):
+        flashcute.merge_attn_states(*[DlpackOnly()] * 4)
+
+
+def test_options_tuple_is_read_strictly():
+    # The compiled entry points take the options as one tuple, as flashcute._args makes it.
+    q, k, v = qkv()
+    out = np.empty_like(q)
+    with raises(TypeError, "options: expected a tuple (softmax_scale or None, causal"):
+        _C.fwd(q, k, v, out, None, [0.125, False, -1, -1, 0.0], 0)
+    with raises(TypeError, "causal: expected a bool, got int"):
+        _C.fwd(q, k, v, out, None, (0.125, 1, -1, -1, 0.0), 0)
+    with pytest.raises(TypeError):
+        _C.fwd(q, k, v, out, None, ("0.125", False, -1, -1, 0.0), 0)
+    _C.check_options((None, True, 3, 0, 30.0), 128, 0, 2**31 - 1)  # valid: no error
+    with raises(ValueError, "num_splits: expected 0 (automatic) to 128, got -1"):
+        _C.check_options((None, False, -1, -1, 0.0), -1)

@@ -216,3 +216,34 @@ def test_stub_matches_module():
     for name in stub_attrs:
         assert not callable(getattr(_C, name)), name
     assert ast.get_docstring(tree), "the stub has no module docstring"
+
+
+def test_no_driver_is_not_reported_as_an_old_driver():
+    # Without the driver library the runtime says cudaErrorInsufficientDriver ("CUDA driver version
+    # is insufficient"), which would send a user without a GPU to upgrade a driver they do not have.
+    import ctypes
+
+    try:
+        ctypes.CDLL("libcuda.so.1")
+        pytest.skip("this machine has a CUDA driver library")
+    except OSError:
+        pass
+    status = _C.cuda_status()
+    assert "no CUDA driver/GPU found" in status and "insufficient" not in status, status
+    assert status.split(":")[0] in ("cudaErrorInsufficientDriver", "cudaErrorNoDevice"), status
+
+
+def test_namespace_is_the_public_api():
+    import inspect
+
+    public = {n for n in dir(flashcute) if not n.startswith("_") and not inspect.ismodule(getattr(flashcute, n))}
+    assert public == set(flashcute.__all__) - {"__version__"}
+    for name in ("List", "Tuple", "annotations", "sys"):
+        assert not hasattr(flashcute, name), name
+    for name in flashcute.__all__:
+        obj = getattr(flashcute, name)
+        if callable(obj):  # real types in help(), not strings
+            sig = inspect.signature(obj)
+            for p in [*sig.parameters.values(), sig]:
+                ann = p.annotation if isinstance(p, inspect.Parameter) else p.return_annotation
+                assert not isinstance(ann, str), (name, ann)

@@ -28,7 +28,7 @@ def attn(q, k, v, **kw):
     return flashcute.flash_attn_func(q, k, v, **kw)
 
 
-ARGS = ("(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal, SymInt window_left, "
+ARGS = ("(Tensor q, Tensor k, Tensor v, float? softmax_scale, bool causal, SymInt window_left, "
         "SymInt window_right, float softcap)")
 
 
@@ -146,3 +146,18 @@ def test_flash_attn_bwd_refuses_cpu_tensors():
     lse = torch.zeros(1, 2, 16)
     with pytest.raises(TypeError, match="q: expected a CUDA array, got a CPU torch.Tensor"):
         flashcute.flash_attn_bwd(q, q, q, q, q, lse)
+
+
+def test_first_call_under_compile_imports_the_binding():
+    # flashcute imported before torch: the torch binding is imported by the first torch call, which
+    # here is traced by torch.compile (fullgraph: the import must not break the graph).
+    import subprocess
+    import sys
+
+    code = ("import flashcute, torch\n"
+            "q = torch.empty(2, 128, 8, 64, dtype=torch.bfloat16, device='meta')\n"
+            "f = torch.compile(lambda q: flashcute.flash_attn_func(q, q, q, causal=True), fullgraph=True, "
+            "backend='eager')\n"
+            "assert f(q).shape == q.shape\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]

@@ -14,7 +14,7 @@ namespace flashcute {
 
 // A backward call: given the forward's q, k, v, out and lse, and dout = dL/dout, computes
 // dq, dk and dv (GQA: dk and dv summed over each group of query heads).
-struct BwdArgs {
+struct BwdArgs : AttnOptions {  // the forward's options, exactly
   TensorRef dout;  // like q: (batch, seqlen_q, nheads, head_dim)
   TensorRef q;
   TensorRef k;
@@ -26,23 +26,10 @@ struct BwdArgs {
   MutableTensorRef dv;  // like v
   // float32, at least bwd_workspace_floats() elements, 16-byte aligned: D = rowsum(dout * out).
   MutableTensorRef workspace;
-  std::optional<double> softmax_scale;
-  bool causal = false;
-  int64_t window_left = -1;
-  int64_t window_right = -1;
-  double softcap = 0.0;
   bool deterministic = false;  // every backward is deterministic today (sm80/kernel_bwd.hpp)
   // Set: a variable-length batch (VarlenArgs): every array has no batch dim, lse is
   // (nheads, total_q), and the workspace holds bwd_workspace_floats(1, nheads, total_q).
   std::optional<VarlenArgs> varlen;
-
-  void set_options(double scale, bool is_causal, int64_t left, int64_t right, double cap) {
-    softmax_scale = scale;
-    causal = is_causal;
-    window_left = left;
-    window_right = right;
-    softcap = cap;
-  }
 };
 
 // The float32 workspace a backward call of these shapes needs: batch * nheads * seqlen_q.
@@ -82,8 +69,7 @@ inline Status plan_bwd(const BwdArgs& a, BwdPlan& plan) {
   f.v = a.v;
   static_cast<TensorRef&>(f.out) = a.out;
   static_cast<TensorRef&>(f.lse.emplace()) = a.lse;
-  f.set_options(a.softmax_scale.value_or(0.0), a.causal, a.window_left, a.window_right, a.softcap);
-  f.softmax_scale = a.softmax_scale;
+  f.options() = a.options();
   f.varlen = a.varlen;
   FwdPlan fwd;
   FLASHCUTE_RETURN_IF_ERROR(plan_fwd(f, fwd));

@@ -62,31 +62,39 @@ struct KvcacheArgs {
   int num_sms = 0;                         // the GPU's SM count for the choice; 0: the current device's
 };
 
-// A forward call: out = softmax(q k^T * softmax_scale, masked) v, and optionally its logsumexp.
-struct FwdArgs {
-  TensorRef q;  // (batch, seqlen_q, nheads, head_dim), float16 or bfloat16
-  TensorRef k;  // (batch, seqlen_k, nheads_k, head_dim), like q; nheads a multiple of nheads_k
-  TensorRef v;  // like k
-  MutableTensorRef out;                 // like q
-  std::optional<MutableTensorRef> lse;  // float32 (batch, nheads, seqlen_q), unit stride in seqlen_q
+// The options of an attention call, shared by the forward, the backward and the KV-cache call
+// (FwdArgs and BwdArgs are AttnOptions): every binding fills them once and they reach plan_*
+// unchanged. detail::check_options holds their rules.
+struct AttnOptions {
   std::optional<double> softmax_scale;  // default 1/sqrt(head_dim)
   bool causal = false;                  // bottom-right aligned, as FlashAttention-2
   int64_t window_left = -1;             // -1: unbounded
   int64_t window_right = -1;            // -1: unbounded; causal makes it 0
   double softcap = 0.0;                 // > 0: scores = softcap * tanh(scores / softcap)
-  // Set: a variable-length batch; q, k, v and out have no batch dim and lse is (nheads, total_q).
-  std::optional<VarlenArgs> varlen;
-  // Set: a call over a KV cache (k and v are the caches); see KvcacheArgs.
-  std::optional<KvcacheArgs> kvcache;
 
+  AttnOptions& options() { return *this; }
+  const AttnOptions& options() const { return *this; }
   // The options at once, in the order every binding receives them.
-  void set_options(double scale, bool is_causal, int64_t left, int64_t right, double cap) {
+  void set_options(std::optional<double> scale, bool is_causal, int64_t left, int64_t right, double cap) {
     softmax_scale = scale;
     causal = is_causal;
     window_left = left;
     window_right = right;
     softcap = cap;
   }
+};
+
+// A forward call: out = softmax(q k^T * softmax_scale, masked) v, and optionally its logsumexp.
+struct FwdArgs : AttnOptions {
+  TensorRef q;  // (batch, seqlen_q, nheads, head_dim), float16 or bfloat16
+  TensorRef k;  // (batch, seqlen_k, nheads_k, head_dim), like q; nheads a multiple of nheads_k
+  TensorRef v;  // like k
+  MutableTensorRef out;                 // like q
+  std::optional<MutableTensorRef> lse;  // float32 (batch, nheads, seqlen_q), unit stride in seqlen_q
+  // Set: a variable-length batch; q, k, v and out have no batch dim and lse is (nheads, total_q).
+  std::optional<VarlenArgs> varlen;
+  // Set: a call over a KV cache (k and v are the caches); see KvcacheArgs.
+  std::optional<KvcacheArgs> kvcache;
 };
 
 // What plan_fwd() makes of a valid call.
@@ -318,6 +326,45 @@ Ref with_unit_batch(const Ref& t) {
   return r;
 }
 
+inline double default_softmax_scale(int64_t head_dim) {
+  return head_dim > 0 ? 1.0 / std::sqrt(double(head_dim)) : 1.0;
+}
+
+// The rules of the options alone, which need no array (bindings check them before the arrays:
+// flashcute._C.check_options). An unset scale is checked where plan_fwd sets it from head_dim.
+// Every value must survive the conversion to the kernels' float and int.
+inline Status check_options(const AttnOptions& o) {
+  if (o.softmax_scale) {
+    const double scale = *o.softmax_scale;
+    if (!std::isfinite(scale) || !(scale > 0.0) || !std::isfinite(float(scale)) || float(scale) == 0.f)
+      return Status::invalid_argument("softmax_scale", "a finite number > 0", std::to_string(scale),
+                                      "softmax_scale must be a finite number > 0, got " + std::to_string(scale));
+  }
+  if (!std::isfinite(o.softcap) || o.softcap < 0.0 || !std::isfinite(float(o.softcap)))
+    return Status::invalid_argument("softcap", "a finite number >= 0", std::to_string(o.softcap),
+                                    "softcap must be a finite number >= 0 (0 disables it), got " +
+                                        std::to_string(o.softcap));
+  if (o.window_left < -1)
+    return Status::invalid_argument("window_left", ">= -1", std::to_string(o.window_left),
+                                    "window_left must be >= -1 (-1: unbounded), got " + std::to_string(o.window_left));
+  if (o.window_right < -1)
+    return Status::invalid_argument("window_right", ">= -1", std::to_string(o.window_right),
+                                    "window_right must be >= -1 (-1: unbounded), got " +
+                                        std::to_string(o.window_right));
+  return Status::success();
+}
+
+// The longest sequence lengths of a variable-length batch.
+inline Status check_max_seqlens(int64_t max_seqlen_q, int64_t max_seqlen_k) {
+  for (auto [name, v] : {std::pair<const char*, int64_t>{"max_seqlen_q", max_seqlen_q}, {"max_seqlen_k", max_seqlen_k}}) {
+    if (v < 0 || v > INT_MAX)
+      return Status::invalid_argument(name, ">= 0 and <= " + std::to_string(INT_MAX), std::to_string(v),
+                                      std::string(name) + " must be >= 0 and <= " + std::to_string(INT_MAX) +
+                                          ", got " + std::to_string(v));
+  }
+  return Status::success();
+}
+
 }  // namespace detail
 
 inline Status plan_fwd(const FwdArgs& a, FwdPlan& plan);
@@ -341,12 +388,7 @@ inline Status plan_fwd_varlen(const FwdArgs& a, FwdPlan& plan) {
                                     "cu_seqlens_k: shape " + shape_str(vl.cu_seqlens_k) +
                                         " does not match cu_seqlens_q's " + shape_str(vl.cu_seqlens_q) +
                                         " (both are (batch + 1,))");
-  for (auto [name, v] : {std::pair<const char*, int64_t>{"max_seqlen_q", vl.max_seqlen_q}, {"max_seqlen_k", vl.max_seqlen_k}}) {
-    if (v < 0 || v > INT_MAX)
-      return Status::invalid_argument(name, ">= 0 and <= " + std::to_string(INT_MAX), std::to_string(v),
-                                      std::string(name) + " must be >= 0 and <= " + std::to_string(INT_MAX) +
-                                          ", got " + std::to_string(v));
-  }
+  FLASHCUTE_RETURN_IF_ERROR(check_max_seqlens(vl.max_seqlen_q, vl.max_seqlen_k));
   FLASHCUTE_RETURN_IF_ERROR(check_rank("q", a.q, 3, "(total_q, nheads, headdim)"));
   FLASHCUTE_RETURN_IF_ERROR(check_rank("k", a.k, 3, "(total_k, nheads_k, headdim)"));
   FLASHCUTE_RETURN_IF_ERROR(check_rank("v", a.v, 3, "(total_k, nheads_k, headdim) like k"));
@@ -504,22 +546,9 @@ inline Status plan_fwd(const FwdArgs& a, FwdPlan& plan) {
   FLASHCUTE_RETURN_IF_ERROR(check_data("out", out, 16));
   if (a.lse) FLASHCUTE_RETURN_IF_ERROR(check_data("lse", *a.lse, 4));
 
-  // 5. Scalars. The scale must survive the conversion to float.
-  double scale = a.softmax_scale ? *a.softmax_scale : (head_dim > 0 ? 1.0 / std::sqrt(double(head_dim)) : 1.0);
-  if (!std::isfinite(scale) || !(scale > 0.0) || !std::isfinite(float(scale)) || float(scale) == 0.f)
-    return Status::invalid_argument("softmax_scale", "a finite number > 0", std::to_string(scale),
-                                    "softmax_scale must be a finite number > 0, got " + std::to_string(scale));
-  if (!std::isfinite(a.softcap) || a.softcap < 0.0 || !std::isfinite(float(a.softcap)))
-    return Status::invalid_argument("softcap", "a finite number >= 0", std::to_string(a.softcap),
-                                    "softcap must be a finite number >= 0 (0 disables it), got " +
-                                        std::to_string(a.softcap));
-  if (a.window_left < -1)
-    return Status::invalid_argument("window_left", ">= -1", std::to_string(a.window_left),
-                                    "window_left must be >= -1 (-1: unbounded), got " + std::to_string(a.window_left));
-  if (a.window_right < -1)
-    return Status::invalid_argument("window_right", ">= -1", std::to_string(a.window_right),
-                                    "window_right must be >= -1 (-1: unbounded), got " +
-                                        std::to_string(a.window_right));
+  // 5. Scalars.
+  FLASHCUTE_RETURN_IF_ERROR(check_options(a));
+  const double scale = a.softmax_scale ? *a.softmax_scale : default_softmax_scale(head_dim);
 
   // 6. What this build compiled.
   if (!dtype_compiled(q.dtype)) return dtype_not_compiled(q.dtype);

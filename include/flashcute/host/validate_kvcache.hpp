@@ -73,6 +73,13 @@ constexpr int choose_num_splits(int64_t ctas, int64_t n_blocks, int64_t slots) {
   return best;
 }
 
+// The key splits a call asks for: 0 (chosen) or 1 to kMaxNumSplits.
+inline Status check_num_splits(int64_t num_splits) {
+  if (num_splits >= 0 && num_splits <= kMaxNumSplits) return Status::success();
+  return Status::invalid_argument("num_splits", "0 (automatic) to " + std::to_string(kMaxNumSplits),
+                                  std::to_string(num_splits));
+}
+
 inline Status check_int32_array(const char* name, const TensorRef& t, int rank, const int64_t* shape,
                                 const char* dims) {
   const std::string what = std::string("int32 ") + dims + " = " + tuple_str(shape, rank) + ", contiguous";
@@ -157,7 +164,9 @@ inline Status plan_fwd_kvcache(const FwdArgs& a, FwdPlan& plan) {
   }
   if (kv.k_new.has_value() != kv.v_new.has_value())
     return Status::invalid_argument(kv.k_new ? "v" : "k", "given together with " + std::string(kv.k_new ? "k" : "v"),
-                                    "None", std::string("k and v (the new keys and values) must be given together"));
+                                    "None",
+                                    std::string(kv.k_new ? "v" : "k") +
+                                        ": k and v (the new keys and values) must be given together, got None");
   if (kv.k_new) {
     if (!kv.cache_seqlens)
       return Status::invalid_argument("cache_seqlens", "an int32 (batch,) array when k and v are appended", "None",
@@ -213,9 +222,7 @@ inline Status plan_fwd_kvcache(const FwdArgs& a, FwdPlan& plan) {
   }
 
   // Split-KV.
-  if (kv.num_splits < 0 || kv.num_splits > kMaxNumSplits)
-    return Status::invalid_argument("num_splits", "0 (automatic) to " + std::to_string(kMaxNumSplits),
-                                    std::to_string(kv.num_splits));
+  FLASHCUTE_RETURN_IF_ERROR(check_num_splits(kv.num_splits));
   plan.kernel.direction = Direction::kSplitkv;
   const int kernel_hd = kernel_head_dim(p.head_dim, q.dtype, Direction::kSplitkv);
   if (kernel_hd == 0)
