@@ -87,18 +87,18 @@ constexpr bool dtype_compiled(DType dtype, Direction direction = Direction::kFwd
 // Whether the KV-cache kernels (and so its append and combine, src/kvcache.cu) are compiled.
 constexpr bool kvcache_compiled() {
   for (const KernelKey& k : kCompiledKernels)
-    if (k.direction == Direction::kSplitkv) return true;
+    if (k.variant == Variant::kSplitkv) return true;
   return false;
 }
 
 // The kernel head dim a user head dim runs on: the smallest compiled one >= head_dim, for this
-// family, direction and dtype; 0 when none is.
+// family, direction, variant and dtype; 0 when none is.
 constexpr int kernel_head_dim(int head_dim, DType dtype, Direction direction = Direction::kFwd,
-                              Arch arch = Arch::kSm80) {
+                              Arch arch = Arch::kSm80, Variant variant = Variant::kPlain) {
   int best = 0;
   for (const KernelKey& k : kCompiledKernels) {
-    if (k.arch == arch && k.direction == direction && k.dtype == dtype && k.head_dim >= head_dim &&
-        (best == 0 || k.head_dim < best))
+    if (k.arch == arch && k.direction == direction && k.variant == variant && k.dtype == dtype &&
+        k.head_dim >= head_dim && (best == 0 || k.head_dim < best))
       best = k.head_dim;
   }
   return best;
@@ -108,7 +108,8 @@ constexpr int kernel_head_dim(int head_dim, DType dtype, Direction direction = D
 constexpr int kernel_head_dim(int head_dim) {
   int best = 0;
   for (const KernelKey& k : kCompiledKernels) {
-    if (k.direction == Direction::kFwd && k.head_dim >= head_dim && (best == 0 || k.head_dim < best))
+    if (k.direction == Direction::kFwd && k.variant == Variant::kPlain && k.head_dim >= head_dim &&
+        (best == 0 || k.head_dim < best))
       best = k.head_dim;
   }
   return best;

@@ -216,8 +216,8 @@ inline Status plan_fwd_kvcache(const FwdArgs& a, FwdPlan& plan) {
   if (kv.num_splits < 0 || kv.num_splits > kMaxNumSplits)
     return Status::invalid_argument("num_splits", "0 (automatic) to " + std::to_string(kMaxNumSplits),
                                     std::to_string(kv.num_splits));
-  plan.kernel.direction = Direction::kSplitkv;
-  const int kernel_hd = kernel_head_dim(p.head_dim, q.dtype, Direction::kSplitkv);
+  plan.kernel.variant = Variant::kSplitkv;
+  const int kernel_hd = kernel_head_dim(p.head_dim, q.dtype, Direction::kFwd, Arch::kSm80, Variant::kSplitkv);
   if (kernel_hd == 0)
     return Status::invalid(StatusCode::kNotCompiled, "k_cache", "KV-cache kernels in this build", "none",
                            "flashcute was built without KV-cache kernels for this dtype and head dim (build option "
