@@ -8,11 +8,14 @@
 #     tests read that, never a list of their own;
 #   - the static library flashcute_kernels.
 #
-# A kernel is (family, direction, dtype, head dim). Families:
+# A kernel is (family, kind, dtype, head dim). Families:
 #   sm80  mma.sync + cp.async (include/flashcute/sm80), for every arch in FLASHCUTE_CUDA_ARCHS
-#         (90a read as 90), every direction.
+#         (90a read as 90; with FLASHCUTE_ONE_ARCH the oldest alone), every kind.
 #   sm90  wgmma + TMA + warp specialisation (include/flashcute/sm90), the forward only, built for
 #         90a-real alone, when FLASHCUTE_CUDA_ARCHS names 90a.
+# A kind is a direction (fwd, bwd) and a variant of it: fwd and bwd are the plain ones, splitkv
+# is the forward over a KV cache (FLASHCUTE_KVCACHE). The kind names the generated TU
+# (sm80_splitkv_bf16_hdim64) and its launch function (sm80::launch_splitkv).
 
 # --- the catalog ---------------------------------------------------------------------------
 # Head dims with a tile config in include/flashcute/sm80/config.hpp (static_assert-ed there).
@@ -24,17 +27,18 @@ set(FLASHCUTE_FAMILIES sm80)
 if(FLASHCUTE_SM90A)
   list(APPEND FLASHCUTE_FAMILIES sm90)
 endif()
-set(_flashcute_sm80_directions fwd)
-set(_flashcute_sm90_directions fwd)
+set(_flashcute_sm80_kinds fwd)
+set(_flashcute_sm90_kinds fwd)
 if(FLASHCUTE_KVCACHE)
-  list(APPEND _flashcute_sm80_directions splitkv)
+  list(APPEND _flashcute_sm80_kinds splitkv)
 endif()
 if(FLASHCUTE_BACKWARD)
-  list(APPEND _flashcute_sm80_directions bwd)
+  list(APPEND _flashcute_sm80_kinds bwd)
 endif()
-set(_flashcute_params_fwd FwdParams)
-set(_flashcute_params_splitkv FwdParams)
-set(_flashcute_params_bwd BwdParams)
+# Each kind's direction, variant (flashcute::Direction, flashcute::Variant) and params type.
+set(_flashcute_kind_fwd fwd plain FwdParams)
+set(_flashcute_kind_splitkv fwd splitkv FwdParams)
+set(_flashcute_kind_bwd bwd plain BwdParams)
 set(_flashcute_sm80_archs ${FLASHCUTE_PORTABLE_ARCH_LIST})  # the mma.sync path runs everywhere from sm80 on
 set(_flashcute_sm90_archs 90a)  # wgmma and setmaxnreg: compute capability 9.0 only, no PTX
 # Head dims whose sm90 forward has a second, long-sequence tile config (sm90::long_fwd_config in
@@ -57,7 +61,7 @@ foreach(t IN LISTS FLASHCUTE_DTYPE_LIST)
 endforeach()
 
 # --- the list ------------------------------------------------------------------------------
-# _flashcute_enumerator(<out> <name>): the C++ enumerator of a family or direction, sm80 -> kSm80.
+# _flashcute_enumerator(<out> <name>): the C++ enumerator of a family, direction or variant, sm80 -> kSm80.
 function(_flashcute_enumerator out name)
   string(SUBSTRING "${name}" 0 1 first)
   string(SUBSTRING "${name}" 1 -1 rest)
@@ -71,32 +75,41 @@ set(_flashcute_object_libraries "")
 set(FLASHCUTE_KERNEL_NAMES "")
 foreach(_family IN LISTS FLASHCUTE_FAMILIES)
   set(_sources "")
-  foreach(_direction IN LISTS _flashcute_${_family}_directions)
+  foreach(_kind IN LISTS _flashcute_${_family}_kinds)
+    list(GET _flashcute_kind_${_kind} 0 _direction)
+    list(GET _flashcute_kind_${_kind} 1 _variant)
+    _flashcute_enumerator(_family_enum "${_family}")
+    _flashcute_enumerator(_direction_enum "${_direction}")
+    set(_variant_arg "")  # FLASHCUTE_KERNEL's optional fifth argument, for the variants but plain
+    if(NOT _variant STREQUAL "plain")
+      _flashcute_enumerator(_variant_enum "${_variant}")
+      set(_variant_arg ", ${_variant_enum}")
+    endif()
     foreach(_dtype IN LISTS FLASHCUTE_DTYPE_LIST)
       foreach(_hdim IN LISTS FLASHCUTE_HEAD_DIM_LIST)
-        set(KERNEL_NAME "${_family}_${_direction}_${_dtype}_hdim${_hdim}")
+        set(KERNEL_NAME "${_family}_${_kind}_${_dtype}_hdim${_hdim}")
         set(KERNEL_FAMILY "${_family}")
+        set(KERNEL_KIND "${_kind}")
         set(KERNEL_DIRECTION "${_direction}")
+        set(KERNEL_VARIANT "${_variant}")
         set(KERNEL_DTYPE "${_flashcute_dtype_enum_${_dtype}}")
         set(KERNEL_HEAD_DIM "${_hdim}")
-        set(KERNEL_PARAMS "${_flashcute_params_${_direction}}")
-        set(KERNEL_VARIANT "")
-        set(KERNEL_VARIANT_NOTE "")
+        list(GET _flashcute_kind_${_kind} 2 KERNEL_PARAMS)
+        set(KERNEL_TILES "")
+        set(KERNEL_TILES_NOTE "")
         configure_file("${PROJECT_SOURCE_DIR}/src/kernel.cu.in" "${_flashcute_generated_dir}/${KERNEL_NAME}.cu" @ONLY)
         list(APPEND _sources "${_flashcute_generated_dir}/${KERNEL_NAME}.cu")
         list(APPEND FLASHCUTE_KERNEL_NAMES "${KERNEL_NAME}")
         if(_family STREQUAL "sm90" AND _hdim IN_LIST _flashcute_sm90_long_head_dims)
-          set(KERNEL_VARIANT "_long")
-          set(KERNEL_VARIANT_NOTE ", long-sequence tiles")
+          set(KERNEL_TILES "_long")
+          set(KERNEL_TILES_NOTE ", long-sequence tiles")
           configure_file("${PROJECT_SOURCE_DIR}/src/kernel.cu.in" "${_flashcute_generated_dir}/${KERNEL_NAME}_long.cu"
                          @ONLY)
           list(APPEND _sources "${_flashcute_generated_dir}/${KERNEL_NAME}_long.cu")
           list(APPEND FLASHCUTE_KERNEL_NAMES "${KERNEL_NAME}_long")
         endif()
-        _flashcute_enumerator(_family_enum "${_family}")
-        _flashcute_enumerator(_direction_enum "${_direction}")
         list(APPEND _flashcute_kernel_entries
-             "FLASHCUTE_KERNEL(${_family_enum}, ${_direction_enum}, ${KERNEL_DTYPE}, ${_hdim})")
+             "FLASHCUTE_KERNEL(${_family_enum}, ${_direction_enum}, ${KERNEL_DTYPE}, ${_hdim}${_variant_arg})")
       endforeach()
     endforeach()
   endforeach()
@@ -125,9 +138,9 @@ foreach(_family IN LISTS FLASHCUTE_FAMILIES)
       list(APPEND _flags --threads=2)  # compile the architectures of one TU in parallel
     endif()
     if(_family STREQUAL "sm90")
-      # CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED: wgmma N that are multiples of 16 but not of 32
-      # (block_n 80, 96, 176...); NDEBUG keeps CUTLASS's debug checks out of the kernels.
-      list(APPEND _flags --expt-relaxed-constexpr -DNDEBUG -DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED)
+      # NDEBUG keeps CUTLASS's debug checks out of the kernels. (flashcute_headers brings
+      # CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED, which header-only users need too.)
+      list(APPEND _flags -DNDEBUG)
     endif()
     if(FLASHCUTE_PTXAS_VERBOSE)
       list(APPEND _flags -Xptxas=-v)

@@ -5,10 +5,19 @@
 # After this file:
 #   FLASHCUTE_ARCH_LIST, FLASHCUTE_HEAD_DIM_LIST, FLASHCUTE_DTYPE_LIST  the parsed lists
 #   FLASHCUTE_PORTABLE_ARCH_LIST  the arch list with 90a read as 90: what the sm80 (mma.sync)
-#                                 family and every other target build for
+#                                 family and every other target build for (with
+#                                 FLASHCUTE_ONE_ARCH, its oldest arch alone)
 #   FLASHCUTE_SM90A               ON when 90a is listed: the sm90 (wgmma + TMA) family is built
 #   CMAKE_CUDA_ARCHITECTURES      SASS for every portable arch, PTX for the newest one
 # cmake/FlashcuteKernelList.cmake turns the lists into kernels.
+#
+# FLASHCUTE_ONE_ARCH=ON compiles each kernel family for one architecture: the sm80 family (and
+# the C++ tests and tools) for the oldest arch of FLASHCUTE_CUDA_ARCHS alone, SASS and PTX, and
+# the sm90 family for sm_90a as always. Every kernel of the list is still compiled, through
+# ptxas to SASS, and each nvcc compiles one architecture instead of two. With the default archs
+# "80;90a" the sm80 kernels then have no sm_90 SASS, so an H100 JIT-compiles their PTX at first
+# use (its backward, KV-cache and varlen calls). For CI, which runs no kernel (.ci/run sets it),
+# and for quicker builds while developing.
 
 set(FLASHCUTE_CUDA_ARCHS "80;90a" CACHE STRING
     "Compute capabilities to build kernels for, 80 or newer (SASS for each, PTX for the newest); 90a adds the Hopper (wgmma + TMA) forward")
@@ -24,8 +33,11 @@ option(FLASHCUTE_BACKWARD "Build the backward kernels (dq, dk, dv) beside the fo
 option(FLASHCUTE_KVCACHE "Build the KV-cache kernels (flash_attn_with_kvcache: split-KV, paged) beside the forward ones" ON)
 option(FLASHCUTE_BUILD_PYTHON "Build the Python extension flashcute._C" ${_flashcute_python_default})
 option(FLASHCUTE_BUILD_TESTS "Build the C++ tests and register them with ctest" OFF)
-option(FLASHCUTE_BUILD_TUNING "Build benchmarks/tune_fwd and tune_bwd (tile-config sweeps; on with the tests, so CI compiles them)"
-       ${FLASHCUTE_BUILD_TESTS})
+option(FLASHCUTE_TEST_EXAMPLE_DEFAULT_LIST
+       "With the tests: also build and run examples/cpp with the installed list of every kernel, in one TU (slow; for GPU machines)" OFF)
+option(FLASHCUTE_BUILD_TUNING "Build benchmarks/tune_fwd and tune_bwd (tile-config sweeps; no test runs them)" OFF)
+set(FLASHCUTE_ONE_ARCH OFF CACHE STRING
+    "ON: compile each kernel family for one architecture (sm80: the oldest of FLASHCUTE_CUDA_ARCHS; sm90: sm_90a), e.g. for CI")
 option(FLASHCUTE_PTXAS_VERBOSE "Print each kernel's register and shared-memory use (-Xptxas -v)" OFF)
 
 # _flashcute_parse_list(<option> <out-var>): splits on ";" or ",", strips blanks, drops duplicates.
@@ -76,6 +88,16 @@ foreach(a IN LISTS FLASHCUTE_ARCH_LIST)
 endforeach()
 list(REMOVE_DUPLICATES FLASHCUTE_PORTABLE_ARCH_LIST)
 list(SORT FLASHCUTE_PORTABLE_ARCH_LIST COMPARE NATURAL)
+# --- one architecture per family (FLASHCUTE_ONE_ARCH) --------------------------------------
+string(TOUPPER "${FLASHCUTE_ONE_ARCH}" _flashcute_one_arch)
+if(NOT _flashcute_one_arch MATCHES "^(ON|OFF|TRUE|FALSE|YES|NO|1|0)$")
+  message(FATAL_ERROR "FLASHCUTE_ONE_ARCH: '${FLASHCUTE_ONE_ARCH}' is not ON or OFF (ON compiles each kernel "
+                      "family for one architecture: sm80 for the oldest of FLASHCUTE_CUDA_ARCHS, sm90 for sm_90a).")
+endif()
+if(FLASHCUTE_ONE_ARCH)
+  list(GET FLASHCUTE_PORTABLE_ARCH_LIST 0 _flashcute_oldest_arch)
+  set(FLASHCUTE_PORTABLE_ARCH_LIST ${_flashcute_oldest_arch})
+endif()
 # Targets without a family of their own (tests, examples) build for all of them.
 set(CMAKE_CUDA_ARCHITECTURES "${FLASHCUTE_PORTABLE_ARCH_LIST}")
 list(TRANSFORM CMAKE_CUDA_ARCHITECTURES APPEND "-real")
@@ -83,5 +105,9 @@ list(POP_BACK CMAKE_CUDA_ARCHITECTURES)
 list(GET FLASHCUTE_PORTABLE_ARCH_LIST -1 _flashcute_newest_arch)
 list(APPEND CMAKE_CUDA_ARCHITECTURES "${_flashcute_newest_arch}")
 
+if(FLASHCUTE_ONE_ARCH)
+  message(STATUS "flashcute: FLASHCUTE_ONE_ARCH: one architecture per kernel family (sm80 family: "
+                 "${FLASHCUTE_PORTABLE_ARCH_LIST} alone)")
+endif()
 message(STATUS "flashcute: archs ${FLASHCUTE_ARCH_LIST} (CUDA_ARCHITECTURES ${CMAKE_CUDA_ARCHITECTURES}), "
                "head dims ${FLASHCUTE_HEAD_DIM_LIST}, dtypes ${FLASHCUTE_DTYPE_LIST}")

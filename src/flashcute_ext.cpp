@@ -95,7 +95,7 @@ std::vector<std::string> compiled_dtypes() {
 std::vector<std::tuple<std::string, std::string, std::string, int>> compiled_kernels() {
   std::vector<std::tuple<std::string, std::string, std::string, int>> list;
   for (const flashcute::KernelKey& key : flashcute::kCompiledKernels)
-    list.emplace_back(flashcute::arch_name(key.arch), flashcute::direction_name(key.direction),
+    list.emplace_back(flashcute::arch_name(key.arch), flashcute::kernel_kind_name(key),
                       flashcute::dtype_name(key.dtype), key.head_dim);
   return list;
 }

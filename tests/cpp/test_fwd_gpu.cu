@@ -347,7 +347,8 @@ TEST(FwdKvcacheGpu, PagedDecodeStepMatchesTheReference) {
   if (!reason.empty()) GTEST_SKIP() << reason;
   const DType dt = DType::kBFloat16;
   const int batch = 2, h = 8, hk = 2, d = 64, page = 16, per_seq = 8, num_pages = batch * per_seq + 3;
-  if (flashcute::kernel_head_dim(d, dt, flashcute::Direction::kSplitkv) == 0)
+  using flashcute::Arch, flashcute::Direction, flashcute::Variant;
+  if (flashcute::kernel_head_dim(d, dt, Direction::kFwd, Arch::kSm80, Variant::kSplitkv) == 0)
     GTEST_SKIP() << "no KV-cache kernel for bfloat16 / head dim 64 in this build";
   const std::vector<int> lens = {37, 100};  // keys already cached; one new key each
   std::vector<int> table(batch * per_seq);

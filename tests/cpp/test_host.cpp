@@ -354,20 +354,20 @@ TEST(KernelList, IsTheProductOfTheBuildOptions) {
     if (k.arch == flashcute::Arch::kSm90) {  // the Hopper forward: one per (dtype, head dim), with 90a
       EXPECT_TRUE(sm90a);
       EXPECT_EQ(k.direction, flashcute::Direction::kFwd);
+      EXPECT_EQ(k.variant, flashcute::Variant::kPlain);
       EXPECT_TRUE(dims.count(std::to_string(k.head_dim))) << k.head_dim;
       EXPECT_TRUE(dtypes.count(flashcute::dtype_option(k.dtype))) << flashcute::dtype_name(k.dtype);
       ++sm90;
       continue;
     }
     EXPECT_EQ(k.arch, flashcute::Arch::kSm80);
-    EXPECT_TRUE(k.direction == flashcute::Direction::kFwd || k.direction == flashcute::Direction::kBwd ||
-                k.direction == flashcute::Direction::kSplitkv);
+    EXPECT_TRUE(k.variant == flashcute::Variant::kPlain || k.direction == flashcute::Direction::kFwd);
     EXPECT_TRUE(dims.count(std::to_string(k.head_dim))) << k.head_dim;
     EXPECT_TRUE(dtypes.count(flashcute::dtype_option(k.dtype))) << flashcute::dtype_name(k.dtype);
-    listed.insert(std::string(flashcute::direction_name(k.direction)) + "/" + flashcute::dtype_option(k.dtype) + "/" +
+    listed.insert(std::string(flashcute::kernel_kind_name(k)) + "/" + flashcute::dtype_option(k.dtype) + "/" +
                   std::to_string(k.head_dim));
     backward += k.direction == flashcute::Direction::kBwd;
-    splitkv += k.direction == flashcute::Direction::kSplitkv;
+    splitkv += k.variant == flashcute::Variant::kSplitkv;
   }
   // Every (dtype, head dim) has a forward, and either all or none has a backward
   // (FLASHCUTE_BACKWARD) and a KV-cache kernel (FLASHCUTE_KVCACHE).
@@ -966,7 +966,8 @@ TEST(PlanKvcache, PacksTheGroupAndSplitsTheKeys) {
   FwdPlan p;
   ASSERT_TRUE(plan(good_kvcache_args(), &p).ok());
   const flashcute::FwdParams& q = p.params;
-  EXPECT_EQ(p.kernel.direction, flashcute::Direction::kSplitkv);
+  EXPECT_EQ(p.kernel.direction, flashcute::Direction::kFwd);
+  EXPECT_EQ(p.kernel.variant, flashcute::Variant::kSplitkv);
   EXPECT_EQ(q.seqlen_q, 4);  // the 4 query heads of a KV head are the rows of one tile
   EXPECT_EQ(q.nheads, 2);
   EXPECT_EQ(q.q_row_stride, d);

@@ -1,4 +1,11 @@
-// flashcute/common/launch.hpp: host-side helpers every kernel family's launcher shares.
+// flashcute/common/launch.hpp: each kernel family's launch functions, and the host-side helpers
+// their launchers share.
+//
+// The families define the launch functions (sm80/launch_*.hpp, sm90/launch_fwd.hpp), each
+// compiled kernel is one explicit instantiation in its own generated translation unit
+// (src/kernel.cu.in), and host/dispatch.hpp calls them: it needs the declarations below, not the
+// definitions, so that a translation unit of the dispatch does not instantiate every kernel of
+// the list. Header-only users get the definitions from flashcute/flashcute.hpp.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -6,9 +13,41 @@
 #include <atomic>
 #include <cstdint>
 
+#include "flashcute/common/params.hpp"
 #include "flashcute/common/status.hpp"
+#include "flashcute/common/types.hpp"
 
 namespace flashcute {
+
+namespace sm80 {
+template <DType kDType, int kHeadDim>
+Status launch_fwd(const FwdParams& params, cudaStream_t stream);
+template <DType kDType, int kHeadDim>
+Status launch_bwd(const BwdParams& params, cudaStream_t stream);
+// The forward's variant Variant::kSplitkv (sm80/launch_splitkv.hpp).
+template <DType kDType, int kHeadDim>
+Status launch_splitkv(const FwdParams& params, cudaStream_t stream);
+// The KV-cache call's append and combine (sm80/kernel_kvcache.hpp), every dtype in one function
+// each: instantiated (<0>) in src/kvcache.cu.
+template <int kUnused>
+Status launch_append_kv(const FwdParams& params, const AppendKvParams& append, cudaStream_t stream);
+template <int kUnused>
+Status launch_combine(const FwdParams& params, DType dtype, cudaStream_t stream);
+// merge_attn_states (sm80/kernel_merge.hpp), every dtype in one function: instantiated (<0>) in
+// src/merge.cu, a template only so that header-only users may define it in several TUs.
+template <int kUnused>
+Status launch_merge(const MergeParams& params, DType dtype, cudaStream_t stream);
+}  // namespace sm80
+
+// The Hopper forward (sm90/launch_fwd.hpp): generated TUs compiled for sm_90a only.
+namespace sm90 {
+template <DType kDType, int kHeadDim>
+Status launch_fwd(const FwdParams& params, cudaStream_t stream);
+// The long-sequence tiles (sm90/config.hpp, long_fwd_config): one more generated TU for each
+// compiled sm90 forward kernel whose head dim has them.
+template <DType kDType, int kHeadDim>
+Status launch_fwd_long(const FwdParams& params, cudaStream_t stream);
+}  // namespace sm90
 
 // Lets kKernel use smem_bytes of dynamic shared memory (needed above 48 KB). A per-device
 // function attribute: it is set once per device, so that a launch made while a stream is being

@@ -80,7 +80,8 @@ template <KernelKey kKey, class Params>
 Status launch_kernel(const Params& params, cudaStream_t stream) {
   static_assert(takes_params<Params>(kKey.direction));
   if constexpr (kKey.arch == Arch::kSm90) {
-    static_assert(kKey.direction == Direction::kFwd, "the sm90 family has the forward only");
+    static_assert(kKey.direction == Direction::kFwd && kKey.variant == Variant::kPlain,
+                  "the sm90 family has the plain forward only");
     Sm90Tiles tiles;
     FLASHCUTE_RETURN_IF_ERROR(sm90_tiles_setting(tiles));
     if constexpr (sm90::has_long_fwd_config(kKey.head_dim)) {
@@ -98,13 +99,15 @@ Status launch_kernel(const Params& params, cudaStream_t stream) {
     constexpr sm90::FwdConfig kBase = sm90::default_fwd_config(kKey.head_dim);
     record_forward_tile(kBase.block_m, kBase.block_n);
     return sm90::launch_fwd<kKey.dtype, kKey.head_dim>(params, stream);
+  } else if constexpr (kKey.variant == Variant::kSplitkv) {
+    return sm80::launch_splitkv<kKey.dtype, kKey.head_dim>(params, stream);
   } else if constexpr (kKey.direction == Direction::kFwd) {
     constexpr sm80::FwdConfig kBase = sm80::default_fwd_config(kKey.head_dim);
     record_forward_tile(kBase.block_m, kBase.block_n);
     return sm80::launch_fwd<kKey.dtype, kKey.head_dim>(params, stream);
-  } else if constexpr (kKey.direction == Direction::kSplitkv)
-    return sm80::launch_splitkv<kKey.dtype, kKey.head_dim>(params, stream);
-  else return sm80::launch_bwd<kKey.dtype, kKey.head_dim>(params, stream);
+  } else {
+    return sm80::launch_bwd<kKey.dtype, kKey.head_dim>(params, stream);
+  }
 }
 
 template <class Params, std::size_t... I>
@@ -175,7 +178,9 @@ inline std::atomic<Arch>& last_forward_arch() {
 inline Status forward_kernel(const FwdPlan& plan, KernelKey& key) {
   key = plan.kernel;
   // (plan.sm90 is plan_fwd's verdict; sm90_can_run again for plans made or edited by hand.)
-  if (!plan.sm90 || key.direction != Direction::kFwd || sm90_can_run(plan.params) != nullptr) return Status::success();
+  if (!plan.sm90 || key.direction != Direction::kFwd || key.variant != Variant::kPlain ||
+      sm90_can_run(plan.params) != nullptr)
+    return Status::success();
   ForwardPath path;
   FLASHCUTE_RETURN_IF_ERROR(forward_path_setting(path));
   if (path == ForwardPath::kAuto && device_is_sm90()) key.arch = Arch::kSm90;
@@ -205,9 +210,10 @@ inline Status launch(const FwdPlan& plan, cudaStream_t stream) {
   KernelKey key;
   FLASHCUTE_RETURN_IF_ERROR(forward_kernel(plan, key));
   FLASHCUTE_RETURN_IF_ERROR(detail::launch_key(key, plan.params, stream));
-  if (key.direction == Direction::kFwd) last_forward_arch().store(key.arch, std::memory_order_relaxed);
+  if (key.direction == Direction::kFwd && key.variant == Variant::kPlain)
+    last_forward_arch().store(key.arch, std::memory_order_relaxed);
   if constexpr (kvcache_compiled()) {
-    if (plan.kernel.direction == Direction::kSplitkv && plan.params.num_splits > 1)
+    if (plan.kernel.variant == Variant::kSplitkv && plan.params.num_splits > 1)
       return sm80::launch_combine<0>(plan.params, plan.kernel.dtype, stream);
   }
   return Status::success();

@@ -3,54 +3,20 @@
 // CMake owns the list: it generates one translation unit per kernel and flashcute/build_config.hpp,
 // which names the same kernels in kCompiledKernels. Everything that needs to know what a build
 // can run (the dispatch, the validation's "not compiled" errors, the Python module's
-// compiled_head_dims(), the tests) asks here. Needs only the CUDA runtime headers.
+// compiled_head_dims(), the tests) asks here. The kernels' launch functions are declared in
+// common/launch.hpp. Needs no CUDA header.
 #pragma once
-
-#include <cuda_runtime_api.h>
 
 #include <cstddef>
 #include <iterator>
 
 #include "flashcute/build_config.hpp"
-#include "flashcute/common/params.hpp"
-#include "flashcute/common/status.hpp"
 #include "flashcute/common/types.hpp"
 #include "flashcute/sm80/config.hpp"
 #include "flashcute/sm80/config_bwd.hpp"
 #include "flashcute/sm90/config.hpp"
 
 namespace flashcute {
-
-// The per-family launch functions. Each compiled kernel is one explicit instantiation, in its
-// own generated translation unit; header-only users get the definitions from flashcute.hpp.
-namespace sm80 {
-template <DType kDType, int kHeadDim>
-Status launch_fwd(const FwdParams& params, cudaStream_t stream);
-template <DType kDType, int kHeadDim>
-Status launch_bwd(const BwdParams& params, cudaStream_t stream);
-template <DType kDType, int kHeadDim>
-Status launch_splitkv(const FwdParams& params, cudaStream_t stream);
-// The KV-cache call's append and combine (sm80/kernel_kvcache.hpp), every dtype in one function
-// each: instantiated (<0>) in src/kvcache.cu.
-template <int kUnused>
-Status launch_append_kv(const FwdParams& params, const AppendKvParams& append, cudaStream_t stream);
-template <int kUnused>
-Status launch_combine(const FwdParams& params, DType dtype, cudaStream_t stream);
-// merge_attn_states (sm80/kernel_merge.hpp), every dtype in one function: instantiated (<0>) in
-// src/merge.cu, a template only so that header-only users may define it in several TUs.
-template <int kUnused>
-Status launch_merge(const MergeParams& params, DType dtype, cudaStream_t stream);
-}  // namespace sm80
-
-// The Hopper forward (sm90/launch_fwd.hpp): generated TUs compiled for sm_90a only.
-namespace sm90 {
-template <DType kDType, int kHeadDim>
-Status launch_fwd(const FwdParams& params, cudaStream_t stream);
-// The long-sequence tiles (sm90/config.hpp, long_fwd_config): one more generated TU for each
-// compiled sm90 forward kernel whose head dim has them.
-template <DType kDType, int kHeadDim>
-Status launch_fwd_long(const FwdParams& params, cudaStream_t stream);
-}  // namespace sm90
 
 inline constexpr std::size_t kNumCompiledKernels = std::size(kCompiledKernels);
 
@@ -77,7 +43,7 @@ constexpr bool kernel_list_is_consistent() {
 static_assert(kernel_list_is_consistent(),
               "flashcute/build_config.hpp names a head dim with no valid tile config (sm80/config.hpp, sm90/config.hpp)");
 
-// Whether any kernel of this direction and dtype is compiled.
+// Whether any kernel of this direction (any variant) and dtype is compiled.
 constexpr bool dtype_compiled(DType dtype, Direction direction = Direction::kFwd) {
   for (const KernelKey& k : kCompiledKernels)
     if (k.direction == direction && k.dtype == dtype) return true;
@@ -87,18 +53,18 @@ constexpr bool dtype_compiled(DType dtype, Direction direction = Direction::kFwd
 // Whether the KV-cache kernels (and so its append and combine, src/kvcache.cu) are compiled.
 constexpr bool kvcache_compiled() {
   for (const KernelKey& k : kCompiledKernels)
-    if (k.direction == Direction::kSplitkv) return true;
+    if (k.variant == Variant::kSplitkv) return true;
   return false;
 }
 
 // The kernel head dim a user head dim runs on: the smallest compiled one >= head_dim, for this
-// family, direction and dtype; 0 when none is.
+// family, direction, variant and dtype; 0 when none is.
 constexpr int kernel_head_dim(int head_dim, DType dtype, Direction direction = Direction::kFwd,
-                              Arch arch = Arch::kSm80) {
+                              Arch arch = Arch::kSm80, Variant variant = Variant::kPlain) {
   int best = 0;
   for (const KernelKey& k : kCompiledKernels) {
-    if (k.arch == arch && k.direction == direction && k.dtype == dtype && k.head_dim >= head_dim &&
-        (best == 0 || k.head_dim < best))
+    if (k.arch == arch && k.direction == direction && k.variant == variant && k.dtype == dtype &&
+        k.head_dim >= head_dim && (best == 0 || k.head_dim < best))
       best = k.head_dim;
   }
   return best;
@@ -108,7 +74,8 @@ constexpr int kernel_head_dim(int head_dim, DType dtype, Direction direction = D
 constexpr int kernel_head_dim(int head_dim) {
   int best = 0;
   for (const KernelKey& k : kCompiledKernels) {
-    if (k.direction == Direction::kFwd && k.head_dim >= head_dim && (best == 0 || k.head_dim < best))
+    if (k.direction == Direction::kFwd && k.variant == Variant::kPlain && k.head_dim >= head_dim &&
+        (best == 0 || k.head_dim < best))
       best = k.head_dim;
   }
   return best;

@@ -223,8 +223,8 @@ inline Status plan_fwd_kvcache(const FwdArgs& a, FwdPlan& plan) {
 
   // Split-KV.
   FLASHCUTE_RETURN_IF_ERROR(check_num_splits(kv.num_splits));
-  plan.kernel.direction = Direction::kSplitkv;
-  const int kernel_hd = kernel_head_dim(p.head_dim, q.dtype, Direction::kSplitkv);
+  plan.kernel.variant = Variant::kSplitkv;
+  const int kernel_hd = kernel_head_dim(p.head_dim, q.dtype, Direction::kFwd, Arch::kSm80, Variant::kSplitkv);
   if (kernel_hd == 0)
     return Status::invalid(StatusCode::kNotCompiled, "k_cache", "KV-cache kernels in this build", "none",
                            "flashcute was built without KV-cache kernels for this dtype and head dim (build option "

@@ -1,6 +1,6 @@
 // flashcute/sm80/launch_bwd.hpp: host-side launch of one sm80 backward pass (three kernels).
 //
-// Defines sm80::launch_bwd<dtype, head dim>, which host/dispatch.hpp declares; a generated
+// Defines sm80::launch_bwd<dtype, head dim>, which common/launch.hpp declares; a generated
 // translation unit instantiates one (see launch_fwd.hpp).
 #pragma once
 
@@ -8,12 +8,11 @@
 
 #include <utility>
 
+#include "flashcute/common/launch.hpp"
 #include "flashcute/common/params.hpp"
 #include "flashcute/common/status.hpp"
-#include "flashcute/host/kernels.hpp"
 #include "flashcute/sm80/config_bwd.hpp"
 #include "flashcute/sm80/kernel_bwd.hpp"
-#include "flashcute/common/launch.hpp"
 
 namespace flashcute::sm80 {
 

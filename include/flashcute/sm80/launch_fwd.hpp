@@ -1,8 +1,8 @@
 // flashcute/sm80/launch_fwd.hpp: host-side launch of one sm80 forward kernel.
 //
-// Defines sm80::launch_fwd<dtype, head dim>, which host/dispatch.hpp declares. A generated
+// Defines sm80::launch_fwd<dtype, head dim>, which common/launch.hpp declares. A generated
 // translation unit includes only this header and instantiates one of them: it must not see the
-// dispatch's definition, which would instantiate every other kernel of the list too.
+// dispatch (host/dispatch.hpp), which would instantiate every other kernel of the list too.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -12,7 +12,6 @@
 #include "flashcute/common/launch.hpp"
 #include "flashcute/common/params.hpp"
 #include "flashcute/common/status.hpp"
-#include "flashcute/host/kernels.hpp"
 #include "flashcute/sm80/config.hpp"
 #include "flashcute/sm80/kernel_fwd.hpp"
 

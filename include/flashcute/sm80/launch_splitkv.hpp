@@ -1,8 +1,8 @@
 // flashcute/sm80/launch_splitkv.hpp: host-side launch of one sm80 KV-cache (split-KV) kernel.
 //
-// Defines sm80::launch_splitkv<dtype, head dim>, which host/dispatch.hpp declares; a generated
-// translation unit instantiates one (see launch_fwd.hpp). The same kernel as the forward, built
-// from the KV-cache tile table (default_splitkv_config). The append before it and the combine
+// Defines sm80::launch_splitkv<dtype, head dim>, which common/launch.hpp declares; a generated
+// translation unit instantiates one (see launch_fwd.hpp). The forward's variant Variant::kSplitkv:
+// the same kernel as the forward, built from the KV-cache tile table (default_splitkv_config). The append before it and the combine
 // after it are dtype-generic kernels of their own (sm80/kernel_kvcache.hpp); host/dispatch.hpp
 // sequences the three.
 #pragma once
