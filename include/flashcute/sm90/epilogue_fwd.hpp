@@ -11,6 +11,7 @@
 #include "flashcute/common/store.hpp"
 #include "flashcute/sm90/config.hpp"
 #include "flashcute/sm90/gmma.hpp"
+#include "flashcute/sm90/pipeline.hpp"
 
 namespace flashcute::sm90 {
 
@@ -40,10 +41,10 @@ CUTE_DEVICE void store_o(typename Traits::SharedStorage& storage, TiledMmaPV con
     Tensor taccOrO = smem_thr_copy_o.retile_S(rO);     // (CPY,MMA_M,MMA_D)
     Tensor taccOsO = smem_thr_copy_o.partition_D(sO);  // (CPY,CPY_M,CPY_D)
     // Every thread of this warpgroup has read its rows of the previous tile's O.
-    cutlass::arch::NamedBarrier::sync(128, 2 + wg);
+    cutlass::arch::NamedBarrier::sync(128, NamedBarriers::kWarpgroup + wg);
     copy(smem_copy_o, taccOrO, taccOsO);
     // The rows are all written before threads read rows that other warps wrote.
-    cutlass::arch::NamedBarrier::sync(128, 2 + wg);
+    cutlass::arch::NamedBarrier::sync(128, NamedBarriers::kWarpgroup + wg);
     using TileO = Shape<Int<64>, Int<kHeadDim>>;
     const int row0 = m0 + 64 * wg;
     Tensor gO = make_tensor(make_gmem_ptr(o_tile + int64_t(row0) * params.o_row_stride), TileO{},
@@ -74,11 +75,11 @@ CUTE_DEVICE void store_o(typename Traits::SharedStorage& storage, TiledMmaPV con
         Element* region = storage.v.data() + v_stage * (kHeadDim * kBlockN) + wg * kRegion;
         const int wg_tid = mma_tid % 128;
         // Both warpgroups' last P V have read this V buffer: only now may either overwrite it.
-        cutlass::arch::NamedBarrier::sync(256, 5);
+        cutlass::arch::NamedBarrier::sync(256, NamedBarriers::kVBufferFree);
         CUTE_UNROLL
         for (int pass = 0; pass < kHeadDim / kPassCols; ++pass) {
           // Every thread of this warpgroup has read the previous pass back.
-          if (pass > 0) cutlass::arch::NamedBarrier::sync(128, 2 + wg);
+          if (pass > 0) cutlass::arch::NamedBarrier::sync(128, NamedBarriers::kWarpgroup + wg);
           CUTE_UNROLL
           for (int r = 0; r < size<0>(rO_rc); ++r) {
             const int row = get<0>(tOcO_rc(r, 0)) - 64 * wg;  // in [0, 64)
@@ -92,7 +93,7 @@ CUTE_DEVICE void store_o(typename Traits::SharedStorage& storage, TiledMmaPV con
             }
           }
           // The pass is written before threads read rows that other warps wrote.
-          cutlass::arch::NamedBarrier::sync(128, 2 + wg);
+          cutlass::arch::NamedBarrier::sync(128, NamedBarriers::kWarpgroup + wg);
           CUTE_UNROLL
           for (int it = 0; it < 64 * kChunks / 128; ++it) {
             const int idx = it * 128 + wg_tid;

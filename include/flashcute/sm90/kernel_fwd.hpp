@@ -31,6 +31,7 @@
 #include "flashcute/common/store.hpp"
 #include "flashcute/sm90/epilogue_fwd.hpp"
 #include "flashcute/sm90/gmma.hpp"
+#include "flashcute/sm90/pipeline.hpp"
 #include "flashcute/sm90/scheduler.hpp"
 #include "flashcute/sm90/traits.hpp"
 
@@ -43,8 +44,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using namespace cute;
   using Element = typename Traits::Element;
-  using Barrier = cutlass::arch::ClusterBarrier;
-  using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
   constexpr int kHeadDim = Traits::kHeadDim;
@@ -105,30 +104,24 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
 
   const int warp_group = cutlass::canonical_warp_group_idx();
   const int warp = cutlass::canonical_warp_idx_sync();
+  // The TMA rings of Q, K and V: every consumer warp releases each buffer once.
+  using QPipeline = TmaPipeline<kQStages>;
+  using KvPipeline = TmaPipeline<kStages>;
+  using KvState = PipelineState<kStages>;
+  using QState = PipelineState<kQStages>;
   if (threadIdx.x == 0) {
-    CUTE_UNROLL
-    for (int s = 0; s < kQStages; ++s) {
-      TxBarrier::init(&storage.q_full[s], 1);
-      Barrier::init(&storage.q_empty[s], Traits::kConsumerWarpgroups * 4);
-    }
-    CUTE_UNROLL
-    for (int s = 0; s < kStages; ++s) {
-      TxBarrier::init(&storage.k_full[s], 1);  // the producer's arrive (with its expected bytes)
-      TxBarrier::init(&storage.v_full[s], 1);
-      Barrier::init(&storage.k_empty[s], Traits::kConsumerWarpgroups * 4);  // one arrive per consumer warp
-      Barrier::init(&storage.v_empty[s], Traits::kConsumerWarpgroups * 4);
-    }
+    QPipeline::init(storage.q_bar, Traits::kConsumerWarpgroups * 4);
+    KvPipeline::init(storage.k_bar, Traits::kConsumerWarpgroups * 4);
+    KvPipeline::init(storage.v_bar, Traits::kConsumerWarpgroups * 4);
   }
+  const QPipeline q_pipe{storage.q_bar};
+  const KvPipeline k_pipe{storage.k_bar}, v_pipe{storage.v_bar};
   cutlass::arch::fence_barrier_init();
   // The barriers are initialised before any thread waits on or arrives at them.
   __syncthreads();
 
-  // Both sides walk the same tiles and blocks and count them the same way: `step` numbers the K/V
-  // blocks across tiles (stage step % kStages, parity (step / kStages) % 2), `q_round` the tiles
-  // that load a Q (buffer q_round % kQStages, parity (q_round / kQStages) % 2).
-  auto stage_of = [](int step) { return step % kStages; };
-  auto phase_of = [](int step) { return uint32_t(step / kStages) & 1; };
-  auto q_phase_of = [](int q_round) { return uint32_t(q_round / kQStages) & 1; };
+  // Both sides walk the same tiles and blocks and count them the same way: `kv` counts the K/V
+  // blocks across tiles, `q` the tiles that load a Q (PipelineState: buffer and phase).
 
   if (warp_group == 0) {
     // Producer. Registers go to the consumers; one thread issues every load.
@@ -137,7 +130,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
     Tensor mQ = kp.tma_q.get_tma_tensor(make_shape(params.seqlen_q, params.head_dim, params.nheads, params.batch));
     Tensor mK = kp.tma_k.get_tma_tensor(make_shape(params.seqlen_k, params.head_dim, params.nheads_k, params.batch));
     Tensor mVt = kp.tma_v.get_tma_tensor(make_shape(params.head_dim, params.seqlen_k, params.nheads_k, params.batch));
-    int step = 0, q_round = 0;
+    KvState kv;
+    QState q;
     for (unsigned u = blockIdx.x, j = 0; u < work_end; next_tile(u, j)) {
       const Tile tile = tile_at(u, j);
       if (!tile.valid || tile.n_block_max <= tile.n_block_min) continue;
@@ -152,22 +146,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
       auto [tVgV, tVsV] = tma_partition(kp.tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sVt),
                                         group_modes<0, 2>(gVt));  // (TMA,n), (TMA,PIPE)
 
-      // Every consumer warp has run its last Q K^T of the tile that used this buffer before (a
-      // fresh barrier passes the wait for parity 1 at once).
-      const int q_stage = q_round % kQStages;
-      Barrier::wait(&storage.q_empty[q_stage], q_phase_of(q_round) ^ 1);
-      TxBarrier::arrive_and_expect_tx(&storage.q_full[q_stage], Traits::kQBytes);
-      copy(kp.tma_q.with(storage.q_full[q_stage]), tQgQ, tQsQ(_, q_stage));
-      ++q_round;
-      for (int n_block = tile.n_block_max - 1; n_block >= tile.n_block_min; --n_block, ++step) {
-        const int stage = stage_of(step);
-        // The stage's previous tiles (step - kStages) have been read by every consumer warp.
-        Barrier::wait(&storage.k_empty[stage], phase_of(step) ^ 1);
-        TxBarrier::arrive_and_expect_tx(&storage.k_full[stage], Traits::kKvBytes);
-        copy(kp.tma_k.with(storage.k_full[stage]), tKgK(_, n_block), tKsK(_, stage));
-        Barrier::wait(&storage.v_empty[stage], phase_of(step) ^ 1);
-        TxBarrier::arrive_and_expect_tx(&storage.v_full[stage], Traits::kKvBytes);
-        copy(kp.tma_v.with(storage.v_full[stage]), tVgV(_, n_block), tVsV(_, stage));
+      // The Q buffer is free once every consumer warp has run its last Q K^T of the tile that
+      // used it before; a K/V stage once every consumer warp has read its block kStages before.
+      copy(kp.tma_q.with(q_pipe.producer_acquire(q, Traits::kQBytes)), tQgQ, tQsQ(_, q.index()));
+      ++q;
+      for (int n_block = tile.n_block_max - 1; n_block >= tile.n_block_min; --n_block, ++kv) {
+        copy(kp.tma_k.with(k_pipe.producer_acquire(kv, Traits::kKvBytes)), tKgK(_, n_block), tKsK(_, kv.index()));
+        copy(kp.tma_v.with(v_pipe.producer_acquire(kv, Traits::kKvBytes)), tVgV(_, n_block), tVsV(_, kv.index()));
       }
     }
     return;
@@ -205,19 +190,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
   const int wg = warp_group - 1;
   constexpr bool kPingpong = Traits::kConfig.pingpong;
   auto my_turn = [&] {
-    if constexpr (kPingpong) cutlass::arch::NamedBarrier::sync(256, wg);
+    if constexpr (kPingpong) cutlass::arch::NamedBarrier::sync(256, NamedBarriers::kTurn + wg);
   };
   auto pass_turn = [&] {
-    if constexpr (kPingpong) cutlass::arch::NamedBarrier::arrive(256, 1 - wg);
+    if constexpr (kPingpong) cutlass::arch::NamedBarrier::arrive(256, NamedBarriers::kTurn + 1 - wg);
   };
   if (wg == 1) pass_turn();
 
-  // Tells the producer this warp is done reading a buffer: after its wgmma have completed
-  // (warpgroup_wait) and every lane is past them.
-  auto release = [&](uint64_t& empty) FLASHCUTE_INLINE {
-    __syncwarp();
-    if (cute::elect_one_sync()) Barrier::arrive(&empty);
-  };
 
   // S and P live across main-loop steps: while the tensor cores compute the next block's S and
   // this block's P V, the softmax of the next block waits only for its S.
@@ -227,12 +206,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
   Tensor tOrP = make_tensor(rP.data(), gmma_acc_to_a_layout(rP.layout()));        // ((2,2,2),MMA_M,(N/16,MMA_N))
   float rescale[kRows];
 
-  // `q_round` counts the Q loads this warpgroup has used, as the producer counts them. With two Q
+  // `q` counts the Q loads this warpgroup has used, as the producer counts them. With two Q
   // buffers the next tile's first S is issued behind this tile's last P V, and its probabilities
   // computed after this tile's epilogue (`first_done`), so the tensor cores run it while O is
   // normalised and stored. Each wgmma is waited for on the path that issued it: ptxas serialises
   // every wgmma of the kernel if one is still in flight where two paths join.
-  int step = 0, q_round = 0;
+  KvState kv;
+  QState q;
   int q_stage = 0;          // the Q buffer of the tile being computed
   bool first_done = false;  // its first block's probabilities are in rP already
   OnlineSoftmax<kRows> softmax(scale_log2);
@@ -282,18 +262,18 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
   };
   auto mask_whole = [&](int tile_m0, int n0) FLASHCUTE_INLINE { mask.apply(scores, tScS_rc, tile_m0, n0); };
 
-  // Wait for the Q of load `q_round` (in buffer qs) and the K of block `step`.
-  auto wait_q_k = [&](int qs) FLASHCUTE_INLINE {
-    TxBarrier::wait(&storage.q_full[qs], q_phase_of(q_round));
-    TxBarrier::wait(&storage.k_full[stage_of(step)], phase_of(step));
+  // Wait for the Q of load `q` and the K of block `kv`.
+  auto wait_q_k = [&]() FLASHCUTE_INLINE {
+    q_pipe.consumer_wait(q);
+    k_pipe.consumer_wait(kv);
   };
-  // Issue S = Q K^T (Q: one buffer's descriptors, K: the stage of `step`), or O += P V of the
-  // block before `step`. Not waited for: each caller waits on its own path.
+  // Issue S = Q K^T (Q: one buffer's descriptors, K: the stage of `kv`), or O += P V of the
+  // block before `kv`. Not waited for: each caller waits on its own path.
   auto issue_s = [&](auto const& tSrQ_q) FLASHCUTE_INLINE {
-    wgmma_gemm<true, false>(mma_qk, tSrQ_q, tSrK(_, _, _, stage_of(step)), acc_s);
+    wgmma_gemm<true, false>(mma_qk, tSrQ_q, tSrK(_, _, _, kv.index()), acc_s);
   };
   auto issue_pv = [&]() FLASHCUTE_INLINE {
-    wgmma_gemm<false, true>(mma_pv, tOrP, tOrV(_, _, _, stage_of(step - 1)), acc_o);
+    wgmma_gemm<false, true>(mma_pv, tOrP, tOrV(_, _, _, (kv - 1).index()), acc_o);
   };
   // The left half of the S accumulator and of its coordinates (the same registers), for a block
   // whose right half no row of this warpgroup sees: the causal diagonal block of the first
@@ -332,14 +312,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
   };
   // Hands the K (or V) of block `s` back to the producer unread, once it has arrived: released
   // before, this warpgroup's arrival would count toward the stage's previous block.
-  auto skip_k = [&](int s) FLASHCUTE_INLINE {
-    TxBarrier::wait(&storage.k_full[stage_of(s)], phase_of(s));
-    release(storage.k_empty[stage_of(s)]);
-  };
-  auto skip_v = [&](int s) FLASHCUTE_INLINE {
-    TxBarrier::wait(&storage.v_full[stage_of(s)], phase_of(s));
-    release(storage.v_empty[stage_of(s)]);
-  };
   // The mask of a tile's first block: where this warpgroup sees all of the block's left half (the
   // causal diagonal, second warpgroup), only the right half is masked (perf-notes v62).
   auto mask_first = [&](int tile_m0, int n0) FLASHCUTE_INLINE {
@@ -356,7 +328,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
   // none of the block's right half, only the left half is masked and exponentiated, and P's right
   // half is zero (P V still runs over the whole block); otherwise mask_first masks it.
   auto first_probs = [&](int tile_m0, int n_block) FLASHCUTE_INLINE {
-    release(storage.k_empty[stage_of(step)]);
+    k_pipe.consumer_release(kv);
     if constexpr (kHalfFirst) {
       if (right_half_unseen(tile_m0, n_block)) {
         apply_softcap(acc_s_half);
@@ -374,7 +346,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
       scores_to_probs(tile_m0, n_block, mask_whole);
       convert_fragment_into(acc_s, rP);
     }
-    ++step;
+    ++kv;
   };
   while (u < work_end) {
     const int m0 = tile.m_block * kBlockM;
@@ -412,14 +384,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
       if (!first_done) {
         // The blocks above it go back to the producer unread.
         if constexpr (kSkipUnseen) {
-          for (int n = tile.n_block_max - 1; n > n_top; --n, ++step) skip_k(step), skip_v(step);
+          for (int n = tile.n_block_max - 1; n > n_top; --n, ++kv) k_pipe.consumer_skip(kv), v_pipe.consumer_skip(kv);
         }
-        q_stage = q_round % kQStages;
-        wait_q_k(q_stage);
+        q_stage = q.index();
+        wait_q_k();
         my_turn();
         issue_s(tSrQ(_, _, _, q_stage));
         pass_turn();
-        ++q_round;
+        ++q;
         warpgroup_wait<0>();
         first_probs(m0, n_top);
       }
@@ -433,34 +405,34 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
       // warp's own vote would split them), and ptxas, which moves a wgmma wait to the top of its
       // basic block, cannot move it above the softmax.
       bool shrink = false;
-      for (int n_block = n_top - 1; n_block >= tile.n_block_min; --n_block, ++step) {
+      for (int n_block = n_top - 1; n_block >= tile.n_block_min; --n_block, ++kv) {
         if (n_block < n_top - 1) {
           warpgroup_wait<0>();  // the last step's P V is done: O may be rescaled, P rewritten
           if (shrink) softmax.rescale_o(acc_o_rc, rescale);
-          release(storage.v_empty[stage_of(step - 2)]);
+          v_pipe.consumer_release(kv - 2);
           convert_fragment_into(acc_s, rP);
         }
-        TxBarrier::wait(&storage.k_full[stage_of(step)], phase_of(step));
-        TxBarrier::wait(&storage.v_full[stage_of(step - 1)], phase_of(step - 1));
+        k_pipe.consumer_wait(kv);
+        v_pipe.consumer_wait(kv - 1);
         my_turn();
         issue_s(tSrQ_tile);
         issue_pv();
         pass_turn();
         warpgroup_wait<1>();  // S is done (P V, committed after it, may still run)
-        release(storage.k_empty[stage_of(step)]);
+        k_pipe.consumer_release(kv);
         // The tile's last Q K^T is done: the producer may load a later tile's Q into this buffer
         // while this warpgroup still runs the last softmax and P V.
-        if (n_block == tile.n_block_min) release(storage.q_empty[q_stage]);
+        if (n_block == tile.n_block_min) q_pipe.consumer_release(q_stage);
         shrink = scores_to_probs(m0, n_block, mask_whole);
       }
       if (n_top > tile.n_block_min) {
         warpgroup_wait<0>();
         if (shrink) softmax.rescale_o(acc_o_rc, rescale);
-        release(storage.v_empty[stage_of(step - 2)]);
+        v_pipe.consumer_release(kv - 2);
         convert_fragment_into(acc_s, rP);
       }
-      if (n_top == tile.n_block_min) release(storage.q_empty[q_stage]);  // (no loop step ran)
-      TxBarrier::wait(&storage.v_full[stage_of(step - 1)], phase_of(step - 1));
+      if (n_top == tile.n_block_min) q_pipe.consumer_release(q_stage);  // (no loop step ran)
+      v_pipe.consumer_wait(kv - 1);
       // The last P V goes first: it needs nothing of the next tile, so the tensor cores run it
       // while the next tile is decoded (perf-notes v60).
       my_turn();
@@ -478,22 +450,22 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
         // kStages - 1 of them, since the load of the K after them waits for that release (the
         // producer loads K and V in turn), and the next S waits for that K. Any more are computed
         // (and masked) as before.
-        const int last_step = step - 1;
+        const KvState last = kv - 1;
         if constexpr (kSkipUnseen) {
           n_top = max(wg_top(next), next.n_block_max - kStages);
-          for (int n = next.n_block_max - 1; n > n_top; --n, ++step) skip_k(step);
+          for (int n = next.n_block_max - 1; n > n_top; --n, ++kv) k_pipe.consumer_skip(kv);
         } else {
           n_top = next.n_block_max - 1;
         }
-        const int next_q_stage = q_round % kQStages;
-        wait_q_k(next_q_stage);
+        const int next_q_stage = q.index();
+        wait_q_k();
         issue_s(tSrQ(_, _, _, next_q_stage));
         pass_turn();
-        ++q_round;
+        ++q;
         warpgroup_wait<1>();  // the last P V is done; the next tile's S runs on under the epilogue
-        release(storage.v_empty[stage_of(last_step)]);
+        v_pipe.consumer_release(last);
         if constexpr (kSkipUnseen) {
-          for (int s = last_step + 1; s < step; ++s) skip_v(s);
+          for (KvState s = last + 1; s.count < kv.count; ++s) v_pipe.consumer_skip(s);
         }
         epilogue(-1);
         softmax = OnlineSoftmax<kRows>(scale_log2);
@@ -505,13 +477,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
         pass_turn();
         warpgroup_wait<0>();
         if constexpr (Traits::kConfig.o_via_v) {
-          epilogue(stage_of(step - 1));  // O staged in the last block's V buffer, which it then frees
+          epilogue((kv - 1).index());  // O staged in the last block's V buffer, which it then frees
           // This thread's shared-memory writes and reads (generic proxy) are ordered before the
           // TMA load (async proxy) that refills the buffer once the producer sees the release.
           cutlass::arch::fence_view_async_shared();
-          release(storage.v_empty[stage_of(step - 1)]);
+          v_pipe.consumer_release(kv - 1);
         } else {
-          release(storage.v_empty[stage_of(step - 1)]);
+          v_pipe.consumer_release(kv - 1);
           epilogue(-1);
         }
         first_done = false;

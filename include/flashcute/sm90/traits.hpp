@@ -18,6 +18,7 @@
 #include "flashcute/common/element.hpp"
 #include "flashcute/common/params.hpp"
 #include "flashcute/sm90/config.hpp"
+#include "flashcute/sm90/pipeline.hpp"
 #include "flashcute/sm90/scheduler.hpp"
 
 namespace flashcute::sm90 {
@@ -125,12 +126,9 @@ struct FwdTraits {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>, 1024> k;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutVt>, 1024> v;
     OStorage o;
-    uint64_t q_full[kQStages];   // Q landed (transaction barrier)
-    uint64_t q_empty[kQStages];  // every consumer warp is done with Q (persistent CTAs reload it)
-    uint64_t k_full[kStages];   // K stage landed (transaction barrier)
-    uint64_t k_empty[kStages];  // every consumer warp is done reading the K stage
-    uint64_t v_full[kStages];
-    uint64_t v_empty[kStages];
+    PipelineBarriers<kQStages> q_bar;  // Q (persistent CTAs reload it per tile)
+    PipelineBarriers<kStages> k_bar;
+    PipelineBarriers<kStages> v_bar;
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= 227 * 1024, "shared storage exceeds 227 KB");

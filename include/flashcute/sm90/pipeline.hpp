@@ -1,0 +1,91 @@
+// flashcute/sm90/pipeline.hpp: the synchronisation of the sm90a kernels, as types.
+//
+// - PipelineState: a position in a ring of buffers (which buffer, which phase of its barriers).
+// - TmaPipeline: a ring's full/empty mbarrier pairs, with the producer's and the consumers' steps.
+// - NamedBarriers: every named-barrier id the kernels use, in one place.
+#pragma once
+
+#include <cstdint>
+
+#include <cute/config.hpp>
+#include <cute/arch/cluster_sm90.hpp>
+#include <cutlass/arch/barrier.h>
+
+namespace flashcute::sm90 {
+
+// Named-barrier ids (CUTLASS's NamedBarrier adds its reserved ones).
+struct NamedBarriers {
+  static constexpr uint32_t kTurn = 0;       // + consumer warpgroup 0/1: ping-pong turns, 256 threads
+  static constexpr uint32_t kWarpgroup = 2;  // + consumer warpgroup 0-3: its own 128 threads
+  // Both consumer warpgroups (256 threads) have read the V buffer the o_via_v epilogue stages O in;
+  // configs with o_via_v have two consumer warpgroups, so kWarpgroup + 3 is free.
+  static constexpr uint32_t kVBufferFree = 5;
+};
+
+// A position in a ring of kStages buffers, counted in loads from zero: buffer count % kStages,
+// phase parity (count / kStages) % 2. Producer and consumers count the same loads, so equal counts
+// name the same buffer and phase.
+template <int kStages>
+struct PipelineState {
+  int count = 0;
+  CUTE_HOST_DEVICE int index() const { return count % kStages; }
+  CUTE_HOST_DEVICE uint32_t phase() const { return uint32_t(count / kStages) & 1; }
+  CUTE_HOST_DEVICE PipelineState& operator++() {
+    ++count;
+    return *this;
+  }
+  CUTE_HOST_DEVICE PipelineState operator+(int n) const { return {count + n}; }
+  CUTE_HOST_DEVICE PipelineState operator-(int n) const { return {count - n}; }
+};
+
+// The barriers of one ring: full[s], the TMA's bytes for buffer s have landed (a transaction
+// barrier the producer arms); empty[s], every consumer warp has finished reading buffer s.
+template <int kStages>
+struct PipelineBarriers {
+  uint64_t full[kStages];
+  uint64_t empty[kStages];
+};
+
+// A ring of kStages shared-memory buffers filled by TMA: one producer thread, `consumer_warps`
+// consumer warps that each release a buffer once.
+template <int kStages>
+struct TmaPipeline {
+  using Barrier = cutlass::arch::ClusterBarrier;
+  using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
+  using State = PipelineState<kStages>;
+  PipelineBarriers<kStages>& bar;
+
+  // By one thread, before any other thread waits on or arrives at them (then fence and sync).
+  CUTE_DEVICE static void init(PipelineBarriers<kStages>& b, int consumer_warps) {
+    CUTE_UNROLL
+    for (int s = 0; s < kStages; ++s) {
+      TxBarrier::init(&b.full[s], 1);  // the producer's arrive, with its expected bytes
+      Barrier::init(&b.empty[s], consumer_warps);
+    }
+  }
+
+  // Producer: waits until every consumer warp has released the buffer's previous load (a fresh
+  // barrier passes the wait for parity 1 at once), then arms `full` with the bytes the TMA will
+  // write. Returns the barrier the TMA load signals.
+  CUTE_DEVICE uint64_t& producer_acquire(State s, uint32_t bytes) const {
+    Barrier::wait(&bar.empty[s.index()], s.phase() ^ 1);
+    TxBarrier::arrive_and_expect_tx(&bar.full[s.index()], bytes);
+    return bar.full[s.index()];
+  }
+  CUTE_DEVICE void consumer_wait(State s) const { TxBarrier::wait(&bar.full[s.index()], s.phase()); }
+  // After the warp's reads (its wgmma waited for) and with every lane past them. By buffer index
+  // where the caller holds it already.
+  CUTE_DEVICE void consumer_release(int buffer) const {
+    __syncwarp();
+    if (cute::elect_one_sync()) Barrier::arrive(&bar.empty[buffer]);
+  }
+  CUTE_DEVICE void consumer_release(State s) const { consumer_release(s.index()); }
+  // Hands a buffer back unread, once its load has landed: released before, the arrival would
+  // count toward the buffer's previous load.
+  CUTE_DEVICE void consumer_skip(State s) const {
+    consumer_wait(s);
+    consumer_release(s);
+  }
+};
+
+}  // namespace flashcute::sm90
