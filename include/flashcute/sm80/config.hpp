@@ -28,7 +28,7 @@ struct FwdConfig {
   // no mask code (and no branch for it), instead of one loop whose every step checks. A second
   // copy of the loop body: +1-2% where registers allow it, -3-4% at d 128 from spills.
   bool mask_split = false;
-  // The KV-cache kernel (Direction::kSplitkv): a CTA takes its key blocks from one of
+  // The KV-cache kernel (Variant::kSplitkv): a CTA takes its key blocks from one of
   // params.num_splits ranges and writes float32 partials when there are several; K and V may be
   // paged; each batch entry's key count comes from params.cache_seqlens.
   bool split_kv = false;

@@ -90,15 +90,15 @@ constexpr const char* validate(FwdConfig cfg) {
 // The tile table. Two consumer warpgroups of 64 rows each; the longest key block whose K and V
 // double buffers fit beside Q, as FlashAttention-3 chose for these head dims (see perf-notes).
 // Up to d 128 a second Q buffer fits too, and puts each tile's epilogue under the next tile's
-// first Q K^T (perf-notes v29), and so does an O buffer for 16-byte stores (v34). d 64 instead
-// takes four consumer warpgroups on 256 x 64 tiles, half as many tiles for the same work (a tile
-// boundary, not a key block, is where d 64 lost to cuDNN: v58), at the most registers 640 threads
-// allow them (4 x 112 + 24 within 96 a thread), with six K/V stages so that the warpgroups of a
-// causal tile, which skip different numbers of its top blocks, need not wait for each other at
-// its boundaries (perf-notes v66, v67).
+// first Q K^T (up to +5.5% at 512-2k), and so does an O buffer for 16-byte stores (+7.6% at d 128
+// 1k). d 64 instead takes four consumer warpgroups on 256 x 64 tiles, half as many tiles for the
+// same work (a tile boundary, not a key block, is where d 64 lost to cuDNN; +7-9% at d 64 1k), at
+// the most registers 640 threads allow them (4 x 112 + 24 within 96 a thread), with six K/V stages
+// so that the warpgroups of a causal tile, which skip different numbers of its top blocks, need
+// not wait for each other at its boundaries (+1.4% at causal 1k). docs/perf-notes.md, sm90 forward.
 constexpr FwdConfig default_fwd_config(int head_dim) {
   switch (head_dim) {
-    // Ping-pong at d 96 and 128, not at d 64 (same-machine A/B, perf-notes v26).
+    // Ping-pong at d 96 and 128, not at d 64: +1-5% at d 128, -1-5% at d 64 (same-machine A/B).
     case 32: return {.head_dim = 32, .block_m = 128, .block_n = 128, .q_stages = 2, .o_smem = true};
     case 64:
       return {.head_dim = 64, .block_m = 256, .block_n = 64, .stages = 6, .q_stages = 2, .o_smem = true,
@@ -106,7 +106,7 @@ constexpr FwdConfig default_fwd_config(int head_dim) {
     case 96: return {.head_dim = 96, .block_m = 128, .block_n = 128, .q_stages = 2, .o_smem = true, .pingpong = true};
     case 128: return {.head_dim = 128, .block_m = 128, .block_n = 128, .q_stages = 2, .o_smem = true, .pingpong = true};
     case 192: return {.head_dim = 192, .block_m = 128, .block_n = 96, .o_via_v = true};
-    // 80 keys, not 64: the Q K^T wgmma reads fewer shared-memory bytes per flop (perf-notes v30).
+    // 80 keys, not 64: the Q K^T wgmma reads a fifth fewer shared-memory bytes per flop (+4.5-9%).
     case 256: return {.head_dim = 256, .block_m = 128, .block_n = 80, .o_via_v = true};
     default: return {.head_dim = 0, .block_m = 0, .block_n = 0};
   }
@@ -116,8 +116,8 @@ constexpr FwdConfig default_fwd_config(int head_dim) {
 // elsewhere), built as a kernel of its own beside the first (src/kernel.cu.in; CMake's list of
 // these head dims, _flashcute_sm90_long_head_dims, must match). d 64 on 192 x 128 tiles, three
 // consumer warpgroups: more query rows share each K and V block, and three warpgroups' softmax
-// and GEMMs interleave (perf-notes v35: +9-15% from 2k keys without a mask, but -15% at causal 1k;
-// against the 256 x 64 tiles, v66: equal at 2k-4k, +3-5% from 8k, without a mask).
+// and GEMMs interleave (against 128 x 128: +9-15% from 2k keys without a mask, but -15% at causal
+// 1k; against the 256 x 64 tiles: equal at 2k-4k, +3-5% from 8k, without a mask).
 constexpr FwdConfig long_fwd_config(int head_dim) {
   switch (head_dim) {
     case 64:
@@ -128,11 +128,11 @@ constexpr FwdConfig long_fwd_config(int head_dim) {
 constexpr bool has_long_fwd_config(int head_dim) { return head_dim > 0 && long_fwd_config(head_dim).head_dim == head_dim; }
 
 // Whether a call takes the long-sequence tiles where its head dim has them (FLASHCUTE_SM90_TILES
-// unset or "auto"). The same-machine A/B of perf-notes v35 (d 64, 192 x 128 against 128 x 128,
+// unset or "auto"). A same-machine A/B (d 64, 192 x 128 against 128 x 128,
 // seqlen_q = seqlen_k): without a mask equal at 1k and +9-15% from 2k; causal -15% at 1k, -9% at
 // 2k, -3% at 4k and +2-4% from 8k, where the diagonal's masked blocks and the ragged last tile
-// weigh less; after v53 (the softmax under the P V, which the 192-row tiles gained most from)
-// +3.5% at causal 4k (v54), so causal calls take them from 4k. Windows were not measured and keep
+// weigh less; once the softmax ran under the P V (which the 192-row tiles gained most from),
+// +3.5% at causal 4k, so causal calls take them from 4k. Windows were not measured and keep
 // the first table. `units` counts the long config's tiles (query tiles x heads x batch): each
 // SM's persistent CTA should get two or more, or the larger tiles only leave SMs idle.
 constexpr bool use_long_tiles(int64_t seqlen_q, int64_t seqlen_k, int64_t heads_batch, int window_left,

@@ -14,8 +14,8 @@
 // ...), dealt to the CTAs in rounds that alternate direction (0, 1, ..., ctas - 1, then back), so
 // that who takes a heavy tile in one round takes a light one in the next. The host chooses the
 // tail (plan_tile_schedule) by simulating that deal, and takes none below 16 query tiles per
-// (batch, head), where it measured slower (perf-notes v48); the kernel and the host tests walk it
-// with the same functions below.
+// (batch, head), where it measured slower (-0.3..-1.7% at 1k); the kernel and the host tests walk
+// it with the same functions below.
 //
 // Everything here is 32-bit (sm90_can_run keeps the unit count below 2^31): a 64-bit division is
 // a long software routine, and every CTA decodes its first tile before its first load.
@@ -101,7 +101,7 @@ struct TileSchedule {
   // spill at d 256, whose consumers have no register to spare). div_unit_m divides by unit_m: a
   // multiply-high where a division is a chain of some twenty dependent instructions, which the
   // consumers run at every tile boundary; read from the parameters, it costs d 256 one more
-  // spilled value, reloaded at tile boundaries only (perf-notes v60).
+  // spilled value, reloaded at tile boundaries only (measured at d 256, docs/perf-notes.md).
   CUTE_HOST_DEVICE static Tile unit_tile(unsigned u, unsigned j, unsigned m_blocks, unsigned unit_m,
                                          FastDiv div_unit_m) {
     Tile tile;
@@ -185,7 +185,7 @@ TileSchedule plan_tile_schedule(bool pair_tiles, unsigned m_blocks, unsigned hea
   const unsigned num_units = none.num_units;
   constexpr unsigned kMaxRounds = 64;
   // Short causal calls keep the pairs: at 8 query tiles per (batch, head) (1k at 128 rows) the
-  // tail measured -0.3..-1.7% where the model promised gains, at 16 and more +1-6% (v48).
+  // tail measured -0.3..-1.7% where the model promised gains, at 16 and more +1-6% (causal 2k-8k).
   constexpr unsigned kMinTiles = 16;
   if (!pair_tiles || ctas == 0 || num_units == 0 || num_units > kMaxRounds * ctas || m_blocks < kMinTiles)
     return none;
