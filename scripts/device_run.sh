@@ -12,7 +12,7 @@
 #   pytest    pytest tests/python -rs (junit xml: $OUT/pytest.xml), on the default forward path
 #   pytest80  the forward tests again with FLASHCUTE_FORWARD_PATH=sm80 (on an H100/H200 the default
 #             runs the sm90 kernels: this runs the same suite on the mma.sync ones)
-#   sanitize  compute-sanitizer memcheck and racecheck around scripts/sanitize.py (docs/sanitizer.md)
+#   sanitize  compute-sanitizer memcheck, racecheck, synccheck and initcheck around scripts/sanitize.py (docs/sanitizer.md)
 #   bench     python -m flashcute.bench $FC_BENCH_ARGS --out-dir $OUT/bench (docs/benchmarks.md)
 #   ptxas     builds with FLASHCUTE_PTXAS_VERBOSE=ON (-Xptxas=-v) and tabulates registers and spills
 #             per kernel into $OUT/ptxas.tsv
@@ -26,7 +26,7 @@
 #   FC_DTYPES          FLASHCUTE_DTYPES, e.g. bf16 (default: the CMake default, both)
 #   FC_BENCH_ARGS      arguments for the bench CLI, e.g. "--quick" (default none: the full FA grid)
 #   FC_PYTEST_ARGS     what pytest runs (default tests/python), e.g. "tests/python/test_kvcache_torch.py -x"
-#   FC_SANITIZE_TOOLS  compute-sanitizer tools (default "memcheck racecheck"; initcheck, synccheck too)
+#   FC_SANITIZE_TOOLS  compute-sanitizer tools (default "memcheck racecheck synccheck initcheck")
 #   FC_SANITIZE_ARGS   sanitize.py's arguments (default "--backward --kvcache"; "" for the forward only)
 #   FC_SKIP_INSTALL=1  reuse what a previous call on this (still warm) machine installed
 #
@@ -124,7 +124,7 @@ stage_pytest80() {
 stage_sanitize() {
   local cs
   cs="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
-  for tool in ${FC_SANITIZE_TOOLS:-memcheck racecheck}; do
+  for tool in ${FC_SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}; do
     banner "compute-sanitizer --tool $tool"
     # shellcheck disable=SC2086
     "$cs" --tool "$tool" --error-exitcode 1 python3 scripts/sanitize.py ${FC_SANITIZE_ARGS---backward --kvcache} 2>&1 | tee "$OUT/sanitize-$tool.log"

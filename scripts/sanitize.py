@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """A small set of flashcute forward calls for NVIDIA compute-sanitizer (docs/sanitizer.md).
 
-    compute-sanitizer --tool memcheck  --error-exitcode 1 python3 scripts/sanitize.py
-    compute-sanitizer --tool racecheck --error-exitcode 1 python3 scripts/sanitize.py
+    for t in memcheck racecheck synccheck initcheck; do
+      compute-sanitizer --tool $t --error-exitcode 1 python3 scripts/sanitize.py --backward --kvcache
+    done
 
 The cases cover the edges a kernel gets wrong: ragged seqlens (17, 113, 257: partial first and
 last tiles), seqlen_q > seqlen_k with causal (query rows that see no key), several key blocks with
