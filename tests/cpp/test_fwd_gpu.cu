@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "flashcute/host/api.hpp"
+#include "case.hpp"
 #include "gpu_util.hpp"
 #include "reference.hpp"
 
@@ -28,32 +29,6 @@ namespace {
 
 using flashcute::DType;
 using namespace fctest;  // NOLINT: the test helpers
-
-struct Case {
-  DType dtype;
-  int batch, seqlen_q, seqlen_k, nheads, nheads_k, head_dim;
-  bool causal = false;
-  int window_left = -1, window_right = -1;
-  float softcap = 0.f;
-  bool packed_qkv = false;  // q, k, v are views of one (batch, seqlen, 3, heads, head_dim) tensor
-  bool with_lse = true;
-
-  std::string name() const {
-    std::string s = std::string(dtype == DType::kFloat16 ? "fp16" : "bf16") + "_d" + std::to_string(head_dim) + "_b" +
-                    std::to_string(batch) + "_sq" + std::to_string(seqlen_q) + "_sk" + std::to_string(seqlen_k) +
-                    "_h" + std::to_string(nheads) + "k" + std::to_string(nheads_k);
-    if (causal) s += "_causal";
-    if (window_left >= 0 || window_right >= 0)
-      s += "_win" + std::to_string(window_left + 1) + "x" + std::to_string(window_right + 1);
-    if (softcap > 0.f) s += "_softcap";
-    if (packed_qkv) s += "_packed";
-    if (!with_lse) s += "_nolse";
-    return s;
-  }
-};
-
-// GoogleTest prints a failing case's parameter with this.
-void PrintTo(const Case& c, std::ostream* os) { *os << c.name(); }
 
 class FwdGpu : public testing::TestWithParam<Case> {
  protected:
