@@ -1,4 +1,4 @@
-// Host-only tests of the sm90 tile scheduler: FastDiv, every tile once, and the causal tail.
+// Host-only tests of the sm90 tile scheduler: FastDivmod, every tile once, and the causal tail.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -7,26 +7,33 @@
 #include <vector>
 
 #include "flashcute/common/mask.hpp"
+#include "flashcute/common/params.hpp"
 #include "flashcute/sm90/scheduler.hpp"
 
 namespace {
 
 // ----------------------------------------------------------------------- sm90 tile scheduler
 
-TEST(Sm90Scheduler, FastDivIsExact) {
-  using flashcute::sm90::FastDiv;
-  std::vector<unsigned> ns;
-  for (unsigned n = 0; n < 4096; ++n) ns.push_back(n);
+// The kernels divide with cutlass::FastDivmod, exact for dividends below 2^31: the ranges the
+// scheduler's counts stay in (sm90_can_run).
+TEST(Sm90Scheduler, FastDivmodIsExactBelow2To31) {
+  using flashcute::sm90::FastDivmod;
+  std::vector<int> ns;
+  for (int n = 0; n < 4096; ++n) ns.push_back(n);
   uint64_t x = 88172645463325252ull;  // xorshift: dividends up to 2^31 - 1
   for (int i = 0; i < 4096; ++i) {
     x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-    ns.push_back(unsigned(x % (1ull << 31)));
+    ns.push_back(int(x % (1ull << 31)));
   }
-  ns.push_back((1u << 31) - 1);
-  for (unsigned d : {1u, 2u, 3u, 5u, 7u, 31u, 64u, 100u, 127u, 131u, 132u, 133u, 255u, 1000u, 65537u, 1u << 20,
-                     (1u << 31) - 1}) {
-    const FastDiv div(d);
-    for (unsigned n : ns) ASSERT_EQ(div(n), n / d) << n << " / " << d;
+  ns.push_back(int((1u << 31) - 1));
+  for (int d : {1, 2, 3, 5, 7, 31, 64, 100, 127, 131, 132, 133, 255, 1000, 65537, 1 << 20, int((1u << 31) - 1)}) {
+    const FastDivmod div(d);
+    for (int n : ns) {
+      int q, r;
+      div(q, r, n);
+      ASSERT_EQ(q, n / d) << n << " / " << d;
+      ASSERT_EQ(r, n % d) << n << " % " << d;
+    }
   }
 }
 
@@ -41,22 +48,33 @@ double causal_cost(int x, int block_m, int block_n, int seqlen) {
   return double(blocks.last - blocks.first + 1);
 }
 
-// Walks every CTA as the kernel does; checks that each tile comes exactly once, and returns the
+// Walks every CTA with the kernel's own walker (TileScheduler, 64-row tiles, no mask); checks that
+// each tile comes exactly once, with its (batch, head) and key blocks decoded, and returns the
 // largest CTA's load.
 template <class Cost>
 double walk_all(const TileSchedule& s, Cost&& cost) {
+  constexpr int kBlock = 64;
+  flashcute::FwdParams p;
+  p.seqlen_q = p.seqlen_k = int(s.m_blocks) * kBlock - 5;  // a ragged last tile
+  p.nheads = s.heads_batch % 4 == 0 ? 4 : int(s.heads_batch);
+  p.batch = int(s.heads_batch) / p.nheads;
+  const flashcute::KeyMask keys{p.seqlen_k, 0, -1, -1};
+  const flashcute::sm90::FastDivmod div_heads(p.nheads);
   std::vector<int> seen(size_t(s.m_blocks) * s.heads_batch, 0);
   double worst = 0;
   for (unsigned cta = 0; cta < s.ctas; ++cta) {
+    const flashcute::sm90::TileScheduler<kBlock, kBlock> walk(s, p, div_heads, keys, cta, s.ctas);
     double load = 0;
-    for (unsigned u = cta, j = 0; u < s.end; s.next(u, j)) {
-      const TileSchedule::Tile t = s.at(u, j, cta);
-      if (!t.valid) continue;
-      EXPECT_LT(t.hb, s.heads_batch);
+    for (flashcute::sm90::WorkTile t = walk.first(); !walk.done(t); t = walk.next(t)) {
+      EXPECT_TRUE(t.valid);
+      EXPECT_LT(t.batch, p.batch);
+      EXPECT_LT(t.head, p.nheads);
       EXPECT_GE(t.m_block, 0);
       EXPECT_LT(t.m_block, int(s.m_blocks));
-      if (t.hb >= s.heads_batch || t.m_block < 0 || t.m_block >= int(s.m_blocks)) return -1;
-      ++seen[size_t(t.hb) * s.m_blocks + t.m_block];
+      EXPECT_EQ(t.n_block_min, 0);
+      EXPECT_EQ(t.n_block_max, int(s.m_blocks));
+      if (t.batch >= p.batch || t.head >= p.nheads || t.m_block < 0 || t.m_block >= int(s.m_blocks)) return -1;
+      ++seen[(size_t(t.batch) * p.nheads + t.head) * s.m_blocks + t.m_block];
       load += cost(t.m_block);
     }
     worst = std::max(worst, load);

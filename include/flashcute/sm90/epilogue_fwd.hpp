@@ -1,5 +1,6 @@
-// flashcute/sm90/epilogue_fwd.hpp: the sm90a forward kernel's O store (one consumer warpgroup's
-// 64 rows of a tile, normalised and converted), in the three ways its configs choose.
+// flashcute/sm90/epilogue_fwd.hpp: the sm90a forward kernel's epilogue: one consumer warpgroup's
+// 64 rows of a tile finalised (O normalised, the lse), O converted and stored in the three ways
+// the configs choose, and the lse stored.
 #pragma once
 
 #include <cstdint>
@@ -7,11 +8,14 @@
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 
+#include "flashcute/common/fragment.hpp"
 #include "flashcute/common/params.hpp"
+#include "flashcute/common/softmax.hpp"
 #include "flashcute/common/store.hpp"
 #include "flashcute/sm90/config.hpp"
 #include "flashcute/sm90/gmma.hpp"
 #include "flashcute/sm90/pipeline.hpp"
+#include "flashcute/sm90/scheduler.hpp"
 
 namespace flashcute::sm90 {
 
@@ -133,5 +137,52 @@ CUTE_DEVICE void store_o(typename Traits::SharedStorage& storage, TiledMmaPV con
     }
   }
 }
+
+// The epilogue of one consumer warpgroup (wg; mma_tid: the thread's index among the consumers).
+template <class Traits>
+struct FwdEpilogue {
+  using TileQ = cute::Shape<cute::Int<Traits::kBlockM>, cute::Int<Traits::kHeadDim>>;
+  using ThrPV = decltype(typename Traits::TiledMmaPV{}.get_thread_slice(0));
+  using CoordsO = decltype(std::declval<ThrPV&>().partition_C(cute::make_identity_tensor(TileQ{})));
+
+  typename Traits::SharedStorage& storage;
+  const FwdParams& params;
+  int wg, mma_tid;
+  CoordsO tOcO;  // ((2,2,D/8),MMA_M,MMA_D) -> (row,col): the (row, col) of each accumulator element
+
+  CUTE_DEVICE FwdEpilogue(typename Traits::SharedStorage& storage_, const FwdParams& params_, int wg_, int mma_tid_)
+      : storage(storage_),
+        params(params_),
+        wg(wg_),
+        mma_tid(mma_tid_),
+        tOcO(typename Traits::TiledMmaPV{}.get_thread_slice(mma_tid_).partition_C(cute::make_identity_tensor(TileQ{}))) {}
+
+  // Finalises the softmax of the tile's rows (softmax.finalize: O normalised, lse), stores O and
+  // the lse. acc_o: the P V accumulator ((2,2,D/8),MMA_M,MMA_D), fp32. v_stage: the V buffer O may
+  // be staged in (config o_via_v), or -1 for none.
+  template <int kRows, class AccO>
+  CUTE_DEVICE void store(const WorkTile& tile, OnlineSoftmax<kRows>& softmax, AccO& acc_o, int v_stage) const {
+    using namespace cute;
+    using Element = typename Traits::Element;
+    typename Traits::TiledMmaPV mma_pv;
+    Tensor acc_o_rc = make_tensor(acc_o.data(), gmma_rowcol_layout(acc_o.layout()));  // ((2,MMA_M),(2,D/8,MMA_D))
+    Tensor tOcO_rc = make_tensor(tOcO.data(), gmma_rowcol_layout(tOcO.layout()));      // ((2,MMA_M),(2,D/8,MMA_D))
+    const int m0 = tile.m_block * Traits::kBlockM;
+    float lse[kRows];
+    softmax.finalize(acc_o_rc, lse);
+    Tensor rO = convert_fragment<Element>(acc_o);  // ((2,2,D/8),MMA_M,MMA_D)
+    auto* o_tile =
+        static_cast<Element*>(params.o) + tile.batch * params.o_batch_stride + tile.head * params.o_head_stride;
+    store_o<Traits>(storage, mma_pv, rO, tOcO_rc, o_tile, params, m0, wg, mma_tid, v_stage);
+    if (params.lse != nullptr && get<1>(tOcO_rc(0, 0)) == 0) {  // one thread of each row's quad
+      float* lse_ptr = params.lse + tile.batch * params.lse_batch_stride + tile.head * params.lse_head_stride;
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        const int row = m0 + get<0>(tOcO_rc(r, 0));
+        if (row < params.seqlen_q) lse_ptr[row] = lse[r];
+      }
+    }
+  }
+};
 
 }  // namespace flashcute::sm90

@@ -64,7 +64,7 @@ FwdKernelParams<Traits> make_kernel_params(const FwdParams& p, TileSchedule sche
       make_tma_copy(SM90_TMA_LOAD{}, q, take<0, 2>(typename Traits::SmemLayoutQ{})),
       make_tma_copy(SM90_TMA_LOAD{}, k, take<0, 2>(typename Traits::SmemLayoutK{})),
       make_tma_copy(SM90_TMA_LOAD{}, vt, take<0, 2>(typename Traits::SmemLayoutVt{})),
-      FastDiv(unsigned(p.nheads)),
+      FastDivmod(p.nheads),
   };
 }
 

@@ -3,6 +3,7 @@
 // - PipelineState: a position in a ring of buffers (which buffer, which phase of its barriers).
 // - TmaPipeline: a ring's full/empty mbarrier pairs, with the producer's and the consumers' steps.
 // - NamedBarriers: every named-barrier id the kernels use, in one place.
+// - WarpgroupTurns: the ping-pong order of two consumer warpgroups' GEMMs.
 #pragma once
 
 #include <cstdint>
@@ -85,6 +86,27 @@ struct TmaPipeline {
   CUTE_DEVICE void consumer_skip(State s) const {
     consumer_wait(s);
     consumer_release(s);
+  }
+};
+
+// Ping-pong: consumer warpgroup wg may issue its GEMMs once the other has issued its own (named
+// barrier kTurn + wg: its 128 threads wait, the other's 128 arrive). Warpgroup 0 goes first:
+// warpgroup 1 passes once before any GEMM (start), and warpgroup 0 takes that turn after its
+// last GEMM (finish), so that no arrival is left pending. Without kEnabled, every step is empty.
+template <bool kEnabled>
+struct WarpgroupTurns {
+  int wg;
+  CUTE_DEVICE void wait() const {
+    if constexpr (kEnabled) cutlass::arch::NamedBarrier::sync(256, NamedBarriers::kTurn + wg);
+  }
+  CUTE_DEVICE void pass() const {
+    if constexpr (kEnabled) cutlass::arch::NamedBarrier::arrive(256, NamedBarriers::kTurn + 1 - wg);
+  }
+  CUTE_DEVICE void start() const {
+    if (wg == 1) pass();
+  }
+  CUTE_DEVICE void finish() const {
+    if (wg == 0) wait();
   }
 };
 

@@ -26,31 +26,21 @@
 #include <vector>
 
 #include <cute/config.hpp>
+#include <cutlass/fast_math.h>
+
+#include "flashcute/common/mask.hpp"
+#include "flashcute/common/params.hpp"
 
 namespace flashcute::sm90 {
 
-// n / d for n < 2^31 as a multiply-high and a shift, with the multiplier worked out on the host
-// (Granlund and Montgomery): every tile's decode divides by runtime counts, and a 32-bit division is
-// a subroutine of some twenty instructions and registers the consumers do not have to spare.
-struct FastDiv {
-  unsigned mul = 0, shift = 0;
-  FastDiv() = default;
-  explicit FastDiv(unsigned d) {  // d >= 1
-    while ((1ull << shift) < d) ++shift;
-    mul = unsigned(((1ull << 32) * ((1ull << shift) - d)) / d + 1);
-  }
-  CUTE_HOST_DEVICE unsigned operator()(unsigned n) const {
-#if defined(__CUDA_ARCH__)
-    const unsigned hi = __umulhi(n, mul);
-#else
-    const unsigned hi = unsigned((uint64_t(n) * mul) >> 32);
-#endif
-    return (hi + n) >> shift;
-  }
-};
+// Fast division: cutlass::FastDivmod, a multiply-high and a shift with the multiplier worked out
+// on the host, exact for dividends below 2^31. Every tile's decode divides by runtime counts, and
+// a 32-bit division is a subroutine of some twenty instructions and registers the consumers do
+// not have to spare.
+using cutlass::FastDivmod;
 
 // One launch's walk, decided on the host (plan_tile_schedule) and passed in the kernel's
-// parameters. A CTA walks positions (u, j) from (cta, 0) while u < end, stepped by next(): before
+// parameters. A CTA walks positions (u, j) from (cta, 0) while u < end (TileScheduler): before
 // the tail, u is a unit and j its tile; in the tail, u = tail_begin + t * ctas + cta for the CTA's
 // t-th round, and j = 0. A position may hold no tile (`valid` false): the second tile of the
 // middle pair of an odd count (its first), or a tail round's slot past the last tile.
@@ -67,8 +57,8 @@ struct TileSchedule {
   // The tail's units are the pairs p >= tail_p0 of (batch, head) tail_b0 (its query tiles [p0,
   // m_blocks - 1 - p0]) and all units of the tail_full (F) pairs after it.
   unsigned tail_b0 = 0, tail_p0 = 0, tail_full = 0;
-  FastDiv div_ctas, div_full, div_full1;  // by ctas, F and F + 1
-  FastDiv div_unit_m;                     // by unit_m (unit_tile's decode)
+  FastDivmod div_ctas, div_full, div_full1;  // by ctas, F and F + 1
+  FastDivmod div_unit_m;                     // by unit_m (unit_tile's decode)
 
   struct Tile {
     bool valid;
@@ -77,12 +67,6 @@ struct TileSchedule {
   };
 
   CUTE_HOST_DEVICE bool in_tail(unsigned u) const { return tail_tiles > 0 && u >= tail_begin; }
-  CUTE_HOST_DEVICE void next(unsigned& u, unsigned& j) const {
-    if (in_tail(u) || ++j == (pair_tiles ? 2u : 1u)) j = 0, u += ctas;
-  }
-  CUTE_HOST_DEVICE Tile at(unsigned u, unsigned j, unsigned cta) const {
-    return in_tail(u) ? tail_at(u, cta) : unit_tile(unit_at(u), j, m_blocks, unit_m, div_unit_m);
-  }
 
   // The unit at position u before the tail. With a tail, round i's units go to the CTAs rotated
   // by i: pairs of tiles cost the same only up to a key block (block_n need not divide block_m),
@@ -91,9 +75,9 @@ struct TileSchedule {
   // its rounds). The rounds' units stay the same, and so do the heads in flight at one time.
   CUTE_HOST_DEVICE unsigned unit_at(unsigned u) const {
     if (tail_tiles == 0) return u;
-    const unsigned i = div_ctas(u);  // the round
-    const unsigned r = u - i * ctas + i;  // the CTA, plus the round
-    return i * ctas + (r - div_ctas(r) * ctas);
+    const unsigned i = unsigned(div_ctas.div(int(u)));  // the round
+    const unsigned r = u - i * ctas + i;                 // the CTA, plus the round
+    return i * ctas + unsigned(div_ctas.rem(int(r)));
   }
 
   // Tile j of unit u. Static, with the counts as arguments: the kernel passes its own copies,
@@ -103,14 +87,14 @@ struct TileSchedule {
   // consumers run at every tile boundary; read from the parameters, it costs d 256 one more
   // spilled value, reloaded at tile boundaries only (measured at d 256, docs/perf-notes.md).
   CUTE_HOST_DEVICE static Tile unit_tile(unsigned u, unsigned j, unsigned m_blocks, unsigned unit_m,
-                                         FastDiv div_unit_m) {
+                                         FastDivmod div_unit_m) {
     Tile tile;
-    const unsigned hb = div_unit_m(u);
-    const unsigned p = u - hb * unit_m;
-    const unsigned last = m_blocks - 1 - p;
-    tile.hb = hb;
-    tile.m_block = int(j == 0 ? last : p);
-    tile.valid = j == 0 || p != last;
+    int hb, p;
+    div_unit_m(hb, p, int(u));
+    const unsigned last = m_blocks - 1 - unsigned(p);
+    tile.hb = unsigned(hb);
+    tile.m_block = int(j == 0 ? last : unsigned(p));
+    tile.valid = j == 0 || unsigned(p) != last;
     return tile;
   }
 
@@ -118,7 +102,7 @@ struct TileSchedule {
   // forwards in even rounds and backwards in odd ones.
   CUTE_HOST_DEVICE Tile tail_at(unsigned u, unsigned cta) const {
     const unsigned v = u - tail_begin;  // t * ctas + cta
-    const unsigned k = (div_ctas(v) & 1) ? v + ctas - 1 - 2 * cta : v;
+    const unsigned k = (div_ctas.div(int(v)) & 1) ? v + ctas - 1 - 2 * cta : v;
     Tile tile{k < tail_tiles, 0, 0};
     if (tile.valid) tail_tile(k, tile);
     return tile;
@@ -130,14 +114,96 @@ struct TileSchedule {
     const unsigned top = tail_p0 * tail_full;  // x in (m - 1 - p0, m - 1]: F tiles each
     const unsigned mid = (m_blocks - 2 * tail_p0) * (tail_full + 1);  // x in [p0, m - 1 - p0]: b0's too
     if (k >= top && k < top + mid) {
-      const unsigned r = k - top, i = div_full1(r);
+      const unsigned r = k - top, i = unsigned(div_full1.div(int(r)));
       tile.m_block = int(m_blocks - 1 - tail_p0 - i);
       tile.hb = tail_b0 + r - i * (tail_full + 1);
     } else {  // x above or below that range: F tiles each (reached only where F > 0)
-      const unsigned r = k < top ? k : k - mid, i = div_full(r);
+      const unsigned r = k < top ? k : k - mid, i = unsigned(div_full.div(int(r)));
       tile.m_block = int(k < top ? m_blocks - 1 - i : m_blocks - 1 - i - (m_blocks - 2 * tail_p0));
       tile.hb = tail_b0 + 1 + r - i * tail_full;
     }
+  }
+};
+
+// A tile as the kernel works on it: its position in the walk, its (m_block, head, batch), and the
+// key blocks any of its rows sees, [n_block_min, n_block_max) (none: O = 0, lse = -inf).
+struct WorkTile {
+  unsigned u, j;  // the walk's position (TileSchedule)
+  bool valid;     // whether the position holds a tile
+  int m_block, head, batch, n_block_min, n_block_max;
+  CUTE_HOST_DEVICE bool has_keys() const { return n_block_max > n_block_min; }
+};
+
+// The walk of one CTA (cta of ctas: blockIdx.x of gridDim.x in the kernel), its tiles in order,
+// each decoded once. Producer and consumers walk the same tiles and count their key blocks the
+// same way; the host tests walk every CTA with it.
+// 32-bit arithmetic (sm90_can_run keeps the unit count below 2^31): a 64-bit division is a long
+// software routine, and every CTA decodes its first tile before its first load. The walk ends at
+// a position (u >= end), not at a flag: ptxas then proves every loop over the tiles warp-uniform.
+template <int kBlockM, int kBlockN>
+struct TileScheduler {
+  const TileSchedule& walk;
+  const FwdParams& params;
+  const FastDivmod& div_heads;  // by params.nheads
+  const KeyMask& keys;
+  unsigned cta, ctas;
+  // The counts unit_tile takes, computed here from the problem's shape: read from the walk instead,
+  // they (and the bound, read as walk.end alone) made ptxas spill at d 256.
+  unsigned m_blocks, unit_m, end;
+
+  CUTE_HOST_DEVICE TileScheduler(const TileSchedule& walk_, const FwdParams& params_, const FastDivmod& div_heads_,
+                                 const KeyMask& keys_, unsigned cta_, unsigned ctas_)
+      : walk(walk_), params(params_), div_heads(div_heads_), keys(keys_), cta(cta_), ctas(ctas_) {
+    m_blocks = unsigned(cute::ceil_div(params.seqlen_q, kBlockM));
+    unit_m = walk.pair_tiles ? (m_blocks + 1) / 2 : m_blocks;  // units per (head, batch)
+    end = walk.tail_tiles > 0 ? walk.end : unit_m * unsigned(params.nheads) * unsigned(params.batch);
+  }
+
+  CUTE_HOST_DEVICE bool done(const WorkTile& tile) const { return tile.u >= end; }
+
+  // The consumers' walk: this CTA's first tile (done() where a tail round deals it none), then
+  // the tile after each, skipping positions that hold none (done() past the last).
+  CUTE_HOST_DEVICE WorkTile first() const {
+    WorkTile tile = start();
+    if (!done(tile)) {
+      tile = at(tile.u, 0);
+      if (!tile.valid) tile = next(tile);
+    }
+    return tile;
+  }
+  CUTE_HOST_DEVICE WorkTile next(const WorkTile& tile) const {
+    WorkTile n = tile;
+    do {
+      step(n);
+      if (done(n)) break;
+      n = at(n.u, n.j);
+    } while (!n.valid);
+    return n;
+  }
+
+  // The producer's walk, position by position, each decoded by at() (valid or not): one decode in
+  // the loop, where the producer has few registers.
+  CUTE_HOST_DEVICE WorkTile start() const {
+    WorkTile tile;
+    tile.u = cta, tile.j = 0;
+    return tile;
+  }
+  CUTE_HOST_DEVICE void step(WorkTile& tile) const {
+    if (walk.in_tail(tile.u) || ++tile.j == (walk.pair_tiles ? 2u : 1u)) tile.j = 0, tile.u += ctas;
+  }
+  CUTE_HOST_DEVICE WorkTile at(unsigned u, unsigned j) const {
+    const TileSchedule::Tile w = walk.in_tail(u) ? walk.tail_at(u, cta)
+                                                 : TileSchedule::unit_tile(walk.unit_at(u), j, m_blocks, unit_m,
+                                                                           walk.div_unit_m);
+    WorkTile tile;
+    tile.u = u, tile.j = j;
+    tile.valid = w.valid;
+    tile.m_block = w.m_block;
+    div_heads(tile.batch, tile.head, int(w.hb));
+    const KeyMask::Blocks blocks = keys.key_blocks(tile.m_block * kBlockM, kBlockM, params.seqlen_q, kBlockN);
+    tile.n_block_min = blocks.first;
+    tile.n_block_max = blocks.last;
+    return tile;
   }
 };
 
@@ -152,8 +218,8 @@ inline TileSchedule make_tile_schedule(bool pair_tiles, unsigned m_blocks, unsig
   s.num_units = s.unit_m * heads_batch;
   s.tail_begin = s.num_units;
   s.end = s.num_units;
-  s.div_ctas = FastDiv(ctas > 0 ? ctas : 1);
-  s.div_unit_m = FastDiv(s.unit_m > 0 ? s.unit_m : 1);
+  s.div_ctas = FastDivmod(int(ctas > 0 ? ctas : 1));
+  s.div_unit_m = FastDivmod(int(s.unit_m > 0 ? s.unit_m : 1));
   return s;
 }
 
@@ -166,8 +232,8 @@ inline TileSchedule with_tail(TileSchedule s, unsigned tail_begin) {
   s.tail_full = s.heads_batch - s.tail_b0 - 1;
   s.tail_tiles = s.m_blocks * (s.heads_batch - s.tail_b0) - 2 * s.tail_p0;
   s.end = tail_begin + (s.tail_tiles + s.ctas - 1) / s.ctas * s.ctas;
-  s.div_full = FastDiv(s.tail_full > 0 ? s.tail_full : 1);
-  s.div_full1 = FastDiv(s.tail_full + 1);
+  s.div_full = FastDivmod(int(s.tail_full > 0 ? s.tail_full : 1));
+  s.div_full1 = FastDivmod(int(s.tail_full + 1));
   return s;
 }
 

@@ -142,7 +142,7 @@ struct FwdKernelParams {
   typename Traits::TmaQ tma_q;
   typename Traits::TmaK tma_k;
   typename Traits::TmaV tma_v;
-  FastDiv div_heads;  // by params.nheads: a tile's (batch, head) from batch * nheads + head
+  FastDivmod div_heads;  // by params.nheads: a tile's (batch, head) from batch * nheads + head
 };
 
 }  // namespace flashcute::sm90
