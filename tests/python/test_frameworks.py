@@ -213,12 +213,19 @@ def test_jax_eager_call_does_not_block(jax, require_kernel):
     require_kernel("bfloat16", 128)
     q, k, v = _jax_inputs(jax, (1, 16384, 16, 128), (1, 16384, 16, 128), 8)
     flashcute.flash_attn_func(q, k, v).block_until_ready()  # compile and load once
-    t0 = time.perf_counter()
-    out = flashcute.flash_attn_func(q, k, v)
-    t1 = time.perf_counter()
-    out.block_until_ready()
-    t2 = time.perf_counter()
-    assert t1 - t0 < 0.5 * (t2 - t0), f"the call took {t1 - t0:.4f} s of the {t2 - t0:.4f} s until ready"
+    # A blocking call fails every attempt; an asynchronous one fails only when the host stalls
+    # (one run in six did, for 9 ms), so three attempts.
+    took = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        out = flashcute.flash_attn_func(q, k, v)
+        t1 = time.perf_counter()
+        out.block_until_ready()
+        t2 = time.perf_counter()
+        took.append((t1 - t0, t2 - t0))
+        if t1 - t0 < 0.5 * (t2 - t0):
+            return
+    raise AssertionError(f"the call took most of the time until ready (call, ready) in s: {took}")
 
 
 def test_jax_refusals(jax):
