@@ -66,7 +66,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
   const int mma_tid = int(threadIdx.x) - 128;
   const FwdMask<Traits> mask{keys, params.seqlen_q, warp_group - 1};
   const FwdEpilogue<Traits> epilogue{storage, params, warp_group - 1, mma_tid};
-  FwdMma<Traits>{mainloop, keys, mask, mma_tid}.run(scheduler, epilogue);
+  FwdMma<Traits>{mainloop, mask, mma_tid}.run(scheduler, epilogue);
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 }
 

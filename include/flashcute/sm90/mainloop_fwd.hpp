@@ -111,7 +111,6 @@ struct FwdMainloop {
 template <class Traits>
 struct FwdMma {
   const FwdMainloop<Traits>& mainloop;
-  const KeyMask& keys;
   const FwdMask<Traits>& mask;
   int mma_tid;  // the thread's index among the consumers
 
@@ -132,6 +131,7 @@ struct FwdMma {
     auto const& q_pipe = mainloop.q_pipe;
     auto const& k_pipe = mainloop.k_pipe;
     auto const& v_pipe = mainloop.v_pipe;
+    const KeyMask& keys = mask.keys;
 
     typename Traits::TiledMmaQK mma_qk;
     typename Traits::TiledMmaPV mma_pv;

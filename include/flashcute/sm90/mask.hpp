@@ -56,13 +56,6 @@ struct FwdMask {
                                            : keys.tile_needs_mask(tile_m0, kBlockM, n0, kBlockN);
   }
 
-  // Sets the invisible scores of block n0 to -inf. scores: the S accumulator's row/col view
-  // ((2,MMA_M),(2,N/8,MMA_N)); coords: the same view of its (row, col) in the tile.
-  template <class Scores, class Coords>
-  CUTE_DEVICE void apply(Scores& scores, Coords const& coords, int tile_m0, int n0) const {
-    keys.apply(scores, coords, tile_m0, n0);
-  }
-
   // The mask of a tile's first block: where this warpgroup sees all of the block's left half (the
   // causal diagonal, second warpgroup), only the right half is masked (+1.2% at d 64 causal 1k).
   // scores_right, coords_half: the right half's row/col view and the coordinates of a half block.
