@@ -138,8 +138,7 @@ foreach(_family IN LISTS FLASHCUTE_FAMILIES)
       list(APPEND _flags --threads=2)  # compile the architectures of one TU in parallel
     endif()
     if(_family STREQUAL "sm90")
-      # NDEBUG keeps CUTLASS's debug checks out of the kernels. (flashcute_headers brings
-      # CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED, which header-only users need too.)
+      # NDEBUG keeps CUTLASS's debug checks out of the kernels.
       list(APPEND _flags -DNDEBUG)
     endif()
     if(FLASHCUTE_PTXAS_VERBOSE)

@@ -20,8 +20,21 @@
 #include "flashcute/sm90/config.hpp"
 #include "flashcute/sm90/pipeline.hpp"
 #include "flashcute/sm90/scheduler.hpp"
+#include "flashcute/sm90/wgmma_atoms.hpp"
 
 namespace flashcute::sm90 {
+
+// The wgmma of S = Q K^T for n keys over k = d: CuTe's selector, or this library's atom where
+// CuTe's core set lacks the shape (wgmma_atoms.hpp).
+template <class Element, int kN, int kK>
+constexpr auto qk_op() {
+  using namespace cute;
+  if constexpr (kN == 80) return Wgmma64x80x16SS<Element, GMMA::Major::K, GMMA::Major::K>{};
+  else return GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kN>, Int<kK>>>();
+}
+// The N of one atom of a tiled wgmma.
+template <class TiledMma>
+constexpr int gmma_n = cute::size<1>(typename TiledMma::AtomShape_MNK{});
 
 // The widest GMMA swizzle atom that tiles a (rows, cols) tile: 128 B rows where the contiguous
 // extent allows, else 64 B or 32 B. kMajor says which extent is contiguous (K: cols; MN: rows).
@@ -64,18 +77,19 @@ struct FwdTraits {
   // One 64-row wgmma atom per consumer warpgroup, stacked along M.
   using AtomLayout = cute::Layout<cute::Shape<cute::Int<kConsumerWarpgroups>, cute::_1, cute::_1>>;
   // S = Q K^T: (BLK_M,BLK_N) over K = D; both operands K-major in shared memory.
-  using TiledMmaQK = decltype(cute::make_tiled_mma(
-      cute::GMMA::ss_op_selector<Element, Element, float, cute::Shape<BlkM, BlkN, HeadDim>>(), AtomLayout{}));
+  using TiledMmaQK = decltype(cute::make_tiled_mma(qk_op<Element, kBlockN, kHeadDim>(), AtomLayout{}));
   // The left half of S, (BLK_M,BLK_N/2): only its layouts are used, to view the first half of an S
   // accumulator (the same registers: the accumulator's 8-column groups run left to right).
-  using TiledMmaQKHalf = decltype(cute::make_tiled_mma(
-      cute::GMMA::ss_op_selector<Element, Element, float, cute::Shape<BlkM, cute::Int<kBlockN / 2>, HeadDim>>(),
-      AtomLayout{}));
+  using TiledMmaQKHalf = decltype(cute::make_tiled_mma(qk_op<Element, kBlockN / 2, kHeadDim>(), AtomLayout{}));
   // O += P V: (BLK_M,D) over K = BLK_N; P from registers, V MN-major (d contiguous, as stored).
   using TiledMmaPV = decltype(cute::make_tiled_mma(
       cute::GMMA::rs_op_selector<Element, Element, float, cute::Shape<BlkM, HeadDim, BlkN>, cute::GMMA::Major::K,
                                  cute::GMMA::Major::MN>(),
       AtomLayout{}));
+  // One wgmma spans each GEMM's N: CuTe's selectors fall back to a narrower atom, repeated, for an
+  // N outside the shapes they know (wgmma_atoms.hpp), which would compile and run slowly.
+  static_assert(gmma_n<TiledMmaQK> == kBlockN && gmma_n<TiledMmaPV> == kHeadDim,
+                "a wgmma shape the kernels need has no atom: add it to sm90/wgmma_atoms.hpp");
 
   using SmemLayoutQ = decltype(cute::tile_to_shape(gmma_smem_atom<Element, cute::GMMA::Major::K, kHeadDim>(),
                                                    cute::Shape<BlkM, HeadDim, cute::Int<kQStages>>{}));  // (BLK_M,D,QPIPE)
