@@ -135,9 +135,29 @@ ffi::Error merge_impl(cudaStream_t stream, ffi::AnyBuffer out_a, ffi::AnyBuffer 
 
 }  // namespace
 
+// Adds kArgs buffer arguments, then kRets (>= 1) buffer results, to a binding. (Binding's move
+// constructor is private: each step returns the binding that Arg/Ret makes, never a named one.)
+template <int kArgs, int kRets, class Binding>
+auto add_buffers(Binding&& binding) {
+  static_assert(kRets >= 1);
+  if constexpr (kArgs > 0)
+    return add_buffers<kArgs - 1, kRets>(std::move(binding).template Arg<ffi::AnyBuffer>());
+  else if constexpr (kRets > 1)
+    return add_buffers<0, kRets - 1>(std::move(binding).template Ret<ffi::AnyBuffer>());
+  else
+    return std::move(binding).template Ret<ffi::AnyBuffer>();
+}
+
+// A handler's binding: XLA's stream, then kArgs buffer arguments and kRets buffer results, in the
+// order of the *_impl function's parameters.
+template <int kArgs, int kRets>
+auto buffers() {
+  return add_buffers<kArgs, kRets>(ffi::Ffi::Bind().Ctx<ffi::PlatformStream<cudaStream_t>>());
+}
+
 // The attention options: the same attributes, in the same order, in every attention handler.
 template <class Binding>
-auto with_options(Binding binding) {
+auto with_options(Binding&& binding) {
   return std::move(binding)
       .template Attr<float>("softmax_scale")
       .template Attr<bool>("causal")
@@ -146,74 +166,26 @@ auto with_options(Binding binding) {
       .template Attr<float>("softcap");
 }
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(flashcute_xla_merge, merge_impl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()  // out_a
-                                  .Arg<ffi::AnyBuffer>()  // lse_a
-                                  .Arg<ffi::AnyBuffer>()  // out_b
-                                  .Arg<ffi::AnyBuffer>()  // lse_b
-                                  .Ret<ffi::AnyBuffer>()  // out
-                                  .Ret<ffi::AnyBuffer>(),  // lse
-                              {ffi::Traits::kCmdBufferCompatible});
+// Variable-length calls add the longest lengths after the options.
+template <class Binding>
+auto with_varlen_options(Binding&& binding) {
+  return with_options(std::move(binding)).template Attr<int64_t>("max_seqlen_q").template Attr<int64_t>("max_seqlen_k");
+}
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(flashcute_xla_varlen_fwd, varlen_fwd_impl,
-                              with_options(ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()  // q (total_q, nheads, headdim)
-                                  .Arg<ffi::AnyBuffer>()  // k
-                                  .Arg<ffi::AnyBuffer>()  // v
-                                  .Arg<ffi::AnyBuffer>()  // cu_seqlens_q
-                                  .Arg<ffi::AnyBuffer>()  // cu_seqlens_k
-                                  .Ret<ffi::AnyBuffer>()  // out
-                                  .Ret<ffi::AnyBuffer>())  // lse (nheads, total_q)
-                                  .Attr<int64_t>("max_seqlen_q")
-                                  .Attr<int64_t>("max_seqlen_k"),
+// q, k, v -> out, lse
+XLA_FFI_DEFINE_HANDLER_SYMBOL(flashcute_xla_fwd, fwd_impl, with_options(buffers<3, 2>()),
                               {ffi::Traits::kCmdBufferCompatible});
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(flashcute_xla_varlen_bwd, varlen_bwd_impl,
-                              with_options(ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()  // dout
-                                  .Arg<ffi::AnyBuffer>()  // q
-                                  .Arg<ffi::AnyBuffer>()  // k
-                                  .Arg<ffi::AnyBuffer>()  // v
-                                  .Arg<ffi::AnyBuffer>()  // out
-                                  .Arg<ffi::AnyBuffer>()  // lse
-                                  .Arg<ffi::AnyBuffer>()  // cu_seqlens_q
-                                  .Arg<ffi::AnyBuffer>()  // cu_seqlens_k
-                                  .Ret<ffi::AnyBuffer>()  // dq
-                                  .Ret<ffi::AnyBuffer>()  // dk
-                                  .Ret<ffi::AnyBuffer>()  // dv
-                                  .Ret<ffi::AnyBuffer>())  // workspace
-                                  .Attr<int64_t>("max_seqlen_q")
-                                  .Attr<int64_t>("max_seqlen_k"),
+// dout, q, k, v, out, lse -> dq, dk, dv, workspace (float32, D = rowsum(dout * out))
+XLA_FFI_DEFINE_HANDLER_SYMBOL(flashcute_xla_bwd, bwd_impl, with_options(buffers<6, 4>()),
                               {ffi::Traits::kCmdBufferCompatible});
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(flashcute_xla_bwd, bwd_impl,
-                              with_options(ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()  // dout
-                                  .Arg<ffi::AnyBuffer>()  // q
-                                  .Arg<ffi::AnyBuffer>()  // k
-                                  .Arg<ffi::AnyBuffer>()  // v
-                                  .Arg<ffi::AnyBuffer>()  // out
-                                  .Arg<ffi::AnyBuffer>()  // lse
-                                  .Ret<ffi::AnyBuffer>()  // dq
-                                  .Ret<ffi::AnyBuffer>()  // dk
-                                  .Ret<ffi::AnyBuffer>()  // dv
-                                  .Ret<ffi::AnyBuffer>()),  // workspace (float32, D = rowsum(dout * out))
+// q (total_q, nheads, headdim), k, v, cu_seqlens_q, cu_seqlens_k -> out, lse (nheads, total_q)
+XLA_FFI_DEFINE_HANDLER_SYMBOL(flashcute_xla_varlen_fwd, varlen_fwd_impl, with_varlen_options(buffers<5, 2>()),
                               {ffi::Traits::kCmdBufferCompatible});
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(flashcute_xla_fwd, fwd_impl,
-                              with_options(ffi::Ffi::Bind()
-                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
-                                  .Arg<ffi::AnyBuffer>()  // q
-                                  .Arg<ffi::AnyBuffer>()  // k
-                                  .Arg<ffi::AnyBuffer>()  // v
-                                  .Ret<ffi::AnyBuffer>()  // out
-                                  .Ret<ffi::AnyBuffer>()),  // lse
+// dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k -> dq, dk, dv, workspace
+XLA_FFI_DEFINE_HANDLER_SYMBOL(flashcute_xla_varlen_bwd, varlen_bwd_impl, with_varlen_options(buffers<8, 4>()),
                               {ffi::Traits::kCmdBufferCompatible});
+// out_a, lse_a, out_b, lse_b -> out, lse
+XLA_FFI_DEFINE_HANDLER_SYMBOL(flashcute_xla_merge, merge_impl, (buffers<4, 2>()), {ffi::Traits::kCmdBufferCompatible});
 
 std::vector<std::pair<const char*, void*>> flashcute_xla_ffi_handlers() {
   return {{"flashcute_fwd", reinterpret_cast<void*>(flashcute_xla_fwd)},
