@@ -335,12 +335,7 @@ struct FwdMma {
             step(n_block);
           }
         }
-        if (n_top > tile.n_block_min) {
-          warpgroup_wait<0>();
-          if (shrink) softmax.rescale_o(acc_o_rc, rescale);
-          v_pipe.consumer_release(kv - 2);
-          convert_fragment_into(acc_s, rP);
-        }
+        if (n_top > tile.n_block_min) finish_pv();
         if (n_top == tile.n_block_min) q_pipe.consumer_release(q_stage);  // (no loop step ran)
         v_pipe.consumer_wait(kv - 1);
         // The last P V goes first: it needs nothing of the next tile, so the tensor cores run it
