@@ -11,8 +11,9 @@
 # A kernel is (family, kind, dtype, head dim). Families:
 #   sm80  mma.sync + cp.async (include/flashcute/sm80), for every arch in FLASHCUTE_CUDA_ARCHS
 #         (90a read as 90; with FLASHCUTE_ONE_ARCH the oldest alone), every kind.
-#   sm90  wgmma + TMA + warp specialisation (include/flashcute/sm90), the forward only, built for
-#         90a-real alone, when FLASHCUTE_CUDA_ARCHS names 90a.
+#   sm90  wgmma + TMA + warp specialisation (include/flashcute/sm90), the forward and (for the head
+#         dims of _flashcute_sm90_bwd_head_dims) the backward, built for 90a-real alone, when
+#         FLASHCUTE_CUDA_ARCHS names 90a.
 # A kind is a direction (fwd, bwd) and a variant of it: fwd and bwd are the plain ones, splitkv
 # is the forward over a KV cache (FLASHCUTE_KVCACHE). The kind names the generated TU
 # (sm80_splitkv_bf16_hdim64) and its launch function (sm80::launch_splitkv).
@@ -34,6 +35,7 @@ if(FLASHCUTE_KVCACHE)
 endif()
 if(FLASHCUTE_BACKWARD)
   list(APPEND _flashcute_sm80_kinds bwd)
+  list(APPEND _flashcute_sm90_kinds bwd)
 endif()
 # Each kind's direction, variant (flashcute::Direction, flashcute::Variant) and params type.
 set(_flashcute_kind_fwd fwd plain FwdParams)
@@ -47,6 +49,9 @@ set(_flashcute_sm90_archs 90a)  # wgmma and setmaxnreg: compute capability 9.0 o
 # sm90_fwd_<dtype>_hdim<d>_long, instantiating sm90::launch_fwd_long. Not a kernel of its own in
 # the list: the dispatch picks between the two per call.
 set(_flashcute_sm90_long_head_dims 64)
+# Head dims with an sm90 backward (sm90::default_bwd_config in include/flashcute/sm90/config.hpp);
+# the others' backward runs on the sm80 kernels.
+set(_flashcute_sm90_bwd_head_dims 64 128)
 
 foreach(d IN LISTS FLASHCUTE_HEAD_DIM_LIST)
   if(NOT d IN_LIST FLASHCUTE_CATALOG_HEAD_DIMS)
@@ -87,6 +92,9 @@ foreach(_family IN LISTS FLASHCUTE_FAMILIES)
     endif()
     foreach(_dtype IN LISTS FLASHCUTE_DTYPE_LIST)
       foreach(_hdim IN LISTS FLASHCUTE_HEAD_DIM_LIST)
+        if(_family STREQUAL "sm90" AND _kind STREQUAL "bwd" AND NOT _hdim IN_LIST _flashcute_sm90_bwd_head_dims)
+          continue()
+        endif()
         set(KERNEL_NAME "${_family}_${_kind}_${_dtype}_hdim${_hdim}")
         set(KERNEL_FAMILY "${_family}")
         set(KERNEL_KIND "${_kind}")
@@ -100,7 +108,7 @@ foreach(_family IN LISTS FLASHCUTE_FAMILIES)
         configure_file("${PROJECT_SOURCE_DIR}/src/kernel.cu.in" "${_flashcute_generated_dir}/${KERNEL_NAME}.cu" @ONLY)
         list(APPEND _sources "${_flashcute_generated_dir}/${KERNEL_NAME}.cu")
         list(APPEND FLASHCUTE_KERNEL_NAMES "${KERNEL_NAME}")
-        if(_family STREQUAL "sm90" AND _hdim IN_LIST _flashcute_sm90_long_head_dims)
+        if(_family STREQUAL "sm90" AND _kind STREQUAL "fwd" AND _hdim IN_LIST _flashcute_sm90_long_head_dims)
           set(KERNEL_TILES "_long")
           set(KERNEL_TILES_NOTE ", long-sequence tiles")
           configure_file("${PROJECT_SOURCE_DIR}/src/kernel.cu.in" "${_flashcute_generated_dir}/${KERNEL_NAME}_long.cu"

@@ -146,16 +146,26 @@ def check(
 
 def check_backward(case: Case, inputs: tuple[torch.Tensor, ...], out: torch.Tensor,
                    lse: torch.Tensor) -> tuple[bool, str]:
-    """flash_attn_bwd (deterministic) of one case into NaN-poisoned outputs, checked on the CPU."""
+    """flash_attn_bwd (deterministic) of one case into NaN-poisoned outputs, checked on the CPU: on
+    the sm80 backward, and again on the sm90 one (FLASHCUTE_BACKWARD_PATH=sm90) where it takes the case."""
     q, k, v = inputs
     dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(1)).to(q.dtype).to(DEVICE)
-    grads = tuple(torch.full_like(x, float("nan")) for x in (q, k, v))
     opts = dict(softmax_scale=case.headdim**-0.5, causal=case.causal, window_size=case.window, softcap=case.softcap)
-    flashcute.flash_attn_bwd(dout, q, k, v, out, lse, deterministic=True, dq=grads[0], dk=grads[1], dv=grads[2],
-                             **opts)
-    torch.cuda.synchronize()
-    result = check_gradients(tuple(g.cpu() for g in grads), dout.cpu(), *(x.cpu() for x in inputs), **opts)
-    return result.ok, ("grads " + result.summary()) if result.ok else result.message
+    notes = []
+    for path in ("sm80", "sm90"):
+        grads = tuple(torch.full_like(x, float("nan")) for x in (q, k, v))
+        with env_var("FLASHCUTE_BACKWARD_PATH", path):
+            flashcute.flash_attn_bwd(dout, q, k, v, out, lse, deterministic=True, dq=grads[0], dk=grads[1],
+                                     dv=grads[2], **opts)
+        ran = flashcute.last_backward_path()
+        if ran != path:  # the sm90 backward does not take this case
+            continue
+        torch.cuda.synchronize()
+        result = check_gradients(tuple(g.cpu() for g in grads), dout.cpu(), *(x.cpu() for x in inputs), **opts)
+        if not result.ok:
+            return False, f"{ran} backward: {result.message}"
+        notes.append(f"{ran} grads {result.summary()}")
+    return True, "; ".join(notes)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,8 @@
 #include "ext_common.hpp"
 
 #ifdef FLASHCUTE_WITH_XLA_FFI
+#include <algorithm>
+#include <string>
 #include <utility>
 // src/xla_ffi.cpp: the XLA FFI handlers, (target name, handler) pairs.
 std::vector<std::pair<const char*, void*>> flashcute_xla_ffi_handlers();
@@ -37,8 +39,16 @@ using namespace nb::literals;
 
 namespace flashcute_ext {
 
-int64_t bwd_workspace_floats(int64_t batch, int64_t nheads, int64_t seqlen_q) {
-  return flashcute::bwd_workspace_floats(batch, nheads, seqlen_q);
+// The sm80 backward's workspace, or, where the call may run on the sm90 backward (a kernel for
+// this head dim and dtype compiled, `device` of compute capability 9.0), the larger sm90 one.
+int64_t bwd_workspace_floats(int64_t batch, int64_t nheads, int64_t seqlen_q, int head_dim, const std::string& dtype,
+                             int device) {
+  const int64_t sm80 = flashcute::bwd_workspace_floats(batch, nheads, seqlen_q);
+  if (head_dim <= 0) return sm80;
+  const int hd = flashcute::kernel_head_dim(head_dim, dtype_from_name(dtype.c_str()), flashcute::Direction::kBwd,
+                                            flashcute::Arch::kSm90);
+  if (hd == 0 || !flashcute::device_is_sm90(device)) return sm80;
+  return std::max(sm80, flashcute::sm90::bwd_workspace_floats(batch, nheads, seqlen_q, hd));
 }
 
 // ---------------------------------------------------------------------------
@@ -101,6 +111,7 @@ std::vector<std::tuple<std::string, std::string, std::string, int>> compiled_ker
 }
 
 std::string last_forward_path() { return flashcute::arch_name(flashcute::last_forward_arch().load()); }
+std::string last_backward_path() { return flashcute::arch_name(flashcute::last_backward_arch().load()); }
 
 std::tuple<int, int> last_forward_tile() {
   const uint32_t tile = flashcute::last_forward_tile().load();
@@ -205,8 +216,10 @@ NB_MODULE(_C, m) {
         "each set's (out, lse), on `stream`. out_*: (batch, seqlen, nheads, headdim) or (total, nheads, headdim),\n"
         "float16 / bfloat16 / float32; lse_*: float32 (batch, nheads, seqlen) or (nheads, total). out may be\n"
         "out_a (in place). The same error rules as fwd().");
-  m.def("bwd_workspace_floats", &bwd_workspace_floats, "batch"_a, "nheads"_a, "seqlen_q"_a,
-        "float32 elements of workspace a backward call of these shapes needs.");
+  m.def("bwd_workspace_floats", &bwd_workspace_floats, "batch"_a, "nheads"_a, "seqlen_q"_a, "head_dim"_a = 0,
+        "dtype"_a = "", "device"_a = -1,
+        "float32 elements of workspace a backward call of these shapes needs: with head_dim and dtype, on\n"
+        "`device` (-1: the current one), enough for the sm90 backward where that may run.");
   m.def("xla_ffi_targets", &xla_ffi_targets,
         "The XLA FFI handlers compiled into this build, {name: PyCapsule}, for jax.ffi.register_ffi_target\n"
         "(platform 'CUDA'); empty when the build found no XLA FFI headers (build option FLASHCUTE_XLA_FFI).");
@@ -223,6 +236,9 @@ NB_MODULE(_C, m) {
   m.def("last_forward_path", &last_forward_path,
         "The kernel family the last forward launch of this process ran on: 'sm90' (wgmma + TMA, Hopper) or\n"
         "'sm80' (mma.sync); 'sm80' before any launch. A diagnostic for tests and benchmarks.");
+  m.def("last_backward_path", &last_backward_path,
+        "The kernel family the last backward launch of this process ran on: 'sm90' or 'sm80' (before any\n"
+        "launch too). FLASHCUTE_BACKWARD_PATH=sm90 opts a call into the Hopper backward. A diagnostic.");
   m.def("last_forward_tile", &last_forward_tile,
         "The tile (block_m, block_n) of the kernel the last forward launch of this process ran on; (0, 0)\n"
         "before any. FLASHCUTE_SM90_TILES=auto|base|long chooses the sm90 tiles. A diagnostic.");

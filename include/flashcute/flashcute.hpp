@@ -9,7 +9,7 @@
 //   #define FLASHCUTE_KERNELS FLASHCUTE_KERNEL(kSm80, kFwd, kBFloat16, 128), FLASHCUTE_KERNEL(...)
 //   #include <flashcute/flashcute.hpp>
 //
-// A list with sm90 kernels (the Hopper forward, FLASHCUTE_KERNEL(kSm90, ...)) needs the
+// A list with sm90 kernels (the Hopper forward and backward, FLASHCUTE_KERNEL(kSm90, ...)) needs the
 // translation unit compiled for sm_90a too, e.g. CUDA_ARCHITECTURES "80-real;90a-real": their
 // device code exists for sm_90a alone (other archs get an empty body, never launched, since the
 // dispatch takes them on compute capability 9.0 only). The checks at the end of this file refuse
@@ -23,6 +23,7 @@
 #include "flashcute/sm80/kernel_merge.hpp"
 #include "flashcute/sm80/kernel_kvcache.hpp"
 #include "flashcute/sm80/launch_splitkv.hpp"
+#include "flashcute/sm90/launch_bwd.hpp"
 #include "flashcute/sm90/launch_fwd.hpp"
 
 namespace flashcute::detail {

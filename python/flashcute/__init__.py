@@ -46,6 +46,7 @@ __all__ = [
     "kernel_head_dim",
     "last_forward_path",
     "last_forward_tile",
+    "last_backward_path",
 ]
 
 
@@ -89,6 +90,19 @@ def last_forward_path() -> str:
     this reports the launch made at capture time.
     """
     return _C.last_forward_path()
+
+
+def last_backward_path() -> str:
+    """The kernel family the last backward launch of this process ran on: ``"sm90"`` (the Hopper
+    wgmma + TMA backward) or ``"sm80"`` (mma.sync; also before any launch).
+
+    The Hopper backward is opt-in for now: ``FLASHCUTE_BACKWARD_PATH=sm90`` in the environment runs
+    a call on it on a compute capability 9.0 GPU where the build has it (head dims up to 128, no
+    softcap, a fixed-length batch, strides TMA can read); ``auto`` (the default) or ``sm80`` keep the
+    mma.sync backward; any other value is a ValueError naming the variable. A diagnostic, like
+    :func:`last_forward_path`.
+    """
+    return _C.last_backward_path()
 
 
 def last_forward_tile() -> tuple[int, int]:

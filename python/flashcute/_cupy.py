@@ -76,8 +76,9 @@ def flash_attn_bwd(dout, q, k, v, out, lse, dq, dk, dv, stream, options, determi
             dq = cupy.empty(q.shape, dtype=q.dtype) if dq is None else dq
             dk = cupy.empty(k.shape, dtype=k.dtype) if dk is None else dk
             dv = cupy.empty(v.shape, dtype=v.dtype) if dv is None else dv
-            b, sq, h, _ = q.shape
-            workspace = cupy.empty((_C.bwd_workspace_floats(b, h, sq),), dtype=cupy.float32)
+            b, sq, h, d = q.shape
+            floats = _C.bwd_workspace_floats(b, h, sq, d, str(q.dtype), q.device.id)
+            workspace = cupy.empty((floats,), dtype=cupy.float32)
     _C.bwd(*(_export(a) for a in (dout, q, k, v, out, lse, dq, dk, dv, workspace)), options, deterministic, handle)
     return dq, dk, dv
 

@@ -116,12 +116,14 @@ def _folded(opts: Options):
 
 
 def _ffi_bwd(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, opts: Options) -> Tuple[Any, Any, Any]:
-    b, sq, h, _ = q.shape
+    b, sq, h, d = q.shape
+    # The workspace is sized for the current device (XLA runs the call where it was traced for).
+    floats = _C.bwd_workspace_floats(b, h, sq, d, str(jnp.dtype(q.dtype)))
     call = jax.ffi.ffi_call(
         _BWD_TARGET,
         (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(k.shape, k.dtype),
          jax.ShapeDtypeStruct(v.shape, v.dtype),
-         jax.ShapeDtypeStruct((_C.bwd_workspace_floats(b, h, sq),), jnp.float32)),
+         jax.ShapeDtypeStruct((floats,), jnp.float32)),
     )
     dq, dk, dv, _ = call(dout, q, k, v, out, lse, softmax_scale=np.float32(opts.softmax_scale),
                          causal=bool(opts.causal), window_left=np.int64(opts.window_left),

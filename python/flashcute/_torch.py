@@ -206,9 +206,9 @@ def _bwd_launch(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse:
         floats = _C.bwd_workspace_floats(1, q.shape[1], q.shape[0])
         varlen = (_desc(varlen[0]), _desc(varlen[1]), varlen[2], varlen[3])
     else:
-        b, sq, h, _ = q.shape
-        floats = _C.bwd_workspace_floats(b, h, sq)
-    workspace = q.new_empty((floats,), dtype=torch.float32)  # D = rowsum(dout * out)
+        b, sq, h, d = q.shape
+        floats = _C.bwd_workspace_floats(b, h, sq, d, str(q.dtype).removeprefix("torch."), index)
+    workspace = q.new_empty((floats,), dtype=torch.float32)  # D = rowsum(dout * out) (+ sm90's dQ accumulator)
     _C.bwd(_desc(dout), _desc(q), _desc(k), _desc(v), _desc(out), _desc(lse), _desc(dq), _desc(dk), _desc(dv),
            _desc(workspace), options, deterministic, stream, index, check_stream_device, *varlen)
 

@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <ostream>
 #include <random>
@@ -62,8 +63,9 @@ void expect_gradient(const char* name, const Buffer& buf, const View& view, cons
   EXPECT_LE(err, tolerance(naive_err, kGradAtol)) << name << ": naive low-precision error " << naive_err;
 }
 
-TEST_P(BwdGpu, MatchesTheReference) {
-  const Case& c = GetParam();
+// Runs case c on the backward path `sm90` asks for (FLASHCUTE_BACKWARD_PATH) and checks it. On the
+// sm90 path the workspace is the sm90 one, and a case that path cannot take is skipped.
+void run_case(const Case& c, bool sm90) {
   std::mt19937 rng(uint32_t(std::hash<std::string>{}(c.name())));
   const View qv = padded_view(c.seqlen_q, c.nheads, c.head_dim);
   const View kv = padded_view(c.seqlen_k, c.nheads_k, c.head_dim);
@@ -78,7 +80,11 @@ TEST_P(BwdGpu, MatchesTheReference) {
   fill(dout, qv, c.batch, c.seqlen_q, c.nheads, c.head_dim, c.dtype, rng);
   for (Buffer* b : {&q, &k, &v, &dout, &out, &dq, &dk, &dv}) ASSERT_CUDA(b->upload());
   const int64_t lse_elems = int64_t(c.batch) * c.nheads * c.seqlen_q;
-  const int64_t ws_elems = flashcute::bwd_workspace_floats(c.batch, c.nheads, c.seqlen_q);
+  const int sm90_hd = flashcute::kernel_head_dim(c.head_dim, c.dtype, flashcute::Direction::kBwd, flashcute::Arch::kSm90);
+  if (sm90 && sm90_hd == 0) GTEST_SKIP() << "no sm90 backward kernel for this head dim and dtype in this build";
+  if (sm90 && !flashcute::device_is_sm90()) GTEST_SKIP() << "the sm90 backward needs a compute capability 9.0 GPU";
+  const int64_t ws_elems = sm90 ? flashcute::sm90::bwd_workspace_floats(c.batch, c.nheads, c.seqlen_q, sm90_hd)
+                                : flashcute::bwd_workspace_floats(c.batch, c.nheads, c.seqlen_q);
   float *lse = nullptr, *ws = nullptr;
   ASSERT_CUDA(cudaMalloc(&lse, size_t(std::max<int64_t>(lse_elems, 1)) * 4));
   std::unique_ptr<float, decltype(&cudaFree)> lse_owner(lse, &cudaFree);
@@ -118,13 +124,23 @@ TEST_P(BwdGpu, MatchesTheReference) {
   ba.window_right = c.window_right;
   ba.softcap = c.softcap;
 
+  if (sm90) {
+    flashcute::BwdPlan plan;
+    ASSERT_TRUE(flashcute::plan_bwd(ba, plan).ok());
+    if (plan.sm90_kernel.arch != flashcute::Arch::kSm90)
+      GTEST_SKIP() << "the sm90 backward cannot take this case: "
+                   << (flashcute::sm90_bwd_can_run(plan.params) ? flashcute::sm90_bwd_can_run(plan.params) : "?");
+  }
+  setenv("FLASHCUTE_BACKWARD_PATH", sm90 ? "sm90" : "sm80", 1);
   cudaStream_t stream;
   ASSERT_CUDA(cudaStreamCreate(&stream));
   const flashcute::Status fst = flashcute::run_fwd(fa, stream);
   const flashcute::Status bst = fst.ok() ? flashcute::run_bwd(ba, stream) : fst;
+  unsetenv("FLASHCUTE_BACKWARD_PATH");
   ASSERT_CUDA(cudaStreamSynchronize(stream));
   ASSERT_CUDA(cudaStreamDestroy(stream));
   ASSERT_TRUE(bst.ok()) << bst.message;
+  EXPECT_EQ(flashcute::last_backward_arch().load(), sm90 ? flashcute::Arch::kSm90 : flashcute::Arch::kSm80);
   for (Buffer* b : {&dq, &dk, &dv}) ASSERT_CUDA(b->download());
 
   Problem p{c.batch, c.seqlen_q, c.seqlen_k, c.nheads, c.nheads_k, c.head_dim, c.causal,
@@ -138,6 +154,11 @@ TEST_P(BwdGpu, MatchesTheReference) {
   expect_gradient("dk", dk, kv, ref.dk, naive.dk, c.batch, c.seqlen_k, c.nheads_k, c.head_dim, c.dtype);
   expect_gradient("dv", dv, kv, ref.dv, naive.dv, c.batch, c.seqlen_k, c.nheads_k, c.head_dim, c.dtype);
 }
+
+TEST_P(BwdGpu, MatchesTheReference) { run_case(GetParam(), false); }
+
+// The same case on the Hopper backward (sm90/launch_bwd.hpp), where it can take it.
+TEST_P(BwdGpu, Sm90MatchesTheReference) { run_case(GetParam(), true); }
 
 std::vector<Case> make_cases() {
   std::vector<Case> cases;
@@ -155,6 +176,17 @@ std::vector<Case> make_cases() {
     cases.push_back({dtype, 1, 40, 70, 2, 2, 192});
     cases.push_back({dtype, 1, 33, 0, 2, 2, 64});   // no keys: dq = 0
     cases.push_back({dtype, 1, 0, 33, 2, 2, 64});   // no queries: dk = dv = 0
+    // Shapes for the sm90 backward's tiles (64 queries x 128 keys a CTA): ragged blocks on both
+    // sides, GQA, a query block across the causal diagonal, one query, several CTAs of keys.
+    cases.push_back({dtype, 2, 300, 517, 8, 2, 128});
+    cases.push_back({dtype, 1, 1000, 1000, 2, 2, 64, true});
+    cases.push_back({dtype, 1, 1, 257, 4, 1, 128});
+    cases.push_back({dtype, 3, 129, 64, 2, 1, 64, true});  // causal, sq > sk
+    cases.push_back({dtype, 1, 64, 300, 2, 2, 40});        // 40 runs on the 64 kernels
+    Case window2{dtype, 1, 333, 280, 2, 1, 128};
+    window2.window_left = 100;
+    window2.window_right = 20;
+    cases.push_back(window2);
   }
   return cases;
 }

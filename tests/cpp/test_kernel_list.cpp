@@ -26,10 +26,19 @@ TEST(KernelList, IsTheProductOfTheBuildOptions) {
   // CMake wrote both the options and the list into build_config.hpp: they must agree.
   const std::set<std::string> dims = split(flashcute::kBuildHeadDims), dtypes = split(flashcute::kBuildDtypes);
   std::set<std::string> listed;
-  int backward = 0, splitkv = 0, sm90 = 0;
+  int backward = 0, splitkv = 0, sm90 = 0, sm90_bwd = 0, sm90_bwd_expected = 0;
   const bool sm90a = split(flashcute::kBuildCudaArchs).count("90a") > 0;
   for (const flashcute::KernelKey& k : flashcute::kCompiledKernels) {
-    if (k.arch == flashcute::Arch::kSm90) {  // the Hopper forward: one per (dtype, head dim), with 90a
+    // The Hopper forward, one per (dtype, head dim), and its backward for the head dims with an
+    // sm90 backward config, with 90a.
+    if (k.arch == flashcute::Arch::kSm90 && k.direction == flashcute::Direction::kBwd) {
+      EXPECT_TRUE(sm90a);
+      EXPECT_TRUE(flashcute::sm90::has_bwd_config(k.head_dim)) << k.head_dim;
+      EXPECT_TRUE(dims.count(std::to_string(k.head_dim))) << k.head_dim;
+      ++sm90_bwd;
+      continue;
+    }
+    if (k.arch == flashcute::Arch::kSm90) {
       EXPECT_TRUE(sm90a);
       EXPECT_EQ(k.direction, flashcute::Direction::kFwd);
       EXPECT_EQ(k.variant, flashcute::Variant::kPlain);
@@ -55,8 +64,12 @@ TEST(KernelList, IsTheProductOfTheBuildOptions) {
   EXPECT_EQ(std::string(flashcute::kBuildBackward) == "ON", backward > 0);
   EXPECT_EQ(std::string(flashcute::kBuildKvcache) == "ON", splitkv > 0);
   EXPECT_EQ(size_t(sm90), sm90a ? per_direction : 0);
+  for (const std::string& d : dims)
+    sm90_bwd_expected += flashcute::sm90::has_bwd_config(std::stoi(d)) ? int(dtypes.size()) : 0;
+  EXPECT_EQ(sm90_bwd, sm90a && backward > 0 ? sm90_bwd_expected : 0);
   EXPECT_EQ(listed.size(), per_direction + size_t(backward) + size_t(splitkv));
-  EXPECT_EQ(flashcute::kNumCompiledKernels, per_direction + size_t(backward) + size_t(splitkv) + size_t(sm90));
+  EXPECT_EQ(flashcute::kNumCompiledKernels,
+            per_direction + size_t(backward) + size_t(splitkv) + size_t(sm90) + size_t(sm90_bwd));
 }
 
 TEST(KernelList, HeadDimDispatch) {

@@ -86,10 +86,25 @@ def _inputs(torch, c: Case, dtype, seed: int):
     return q, k, v, dout
 
 
+def _sm90_bwd_takes(torch, c: Case, dtype: str) -> str:
+    """'' when the sm90 backward takes case c on this GPU and build, else why not."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        return f"the sm90 backward runs on compute capability 9.0 only, this GPU is {torch.cuda.get_device_capability()}"
+    if not any(k[:3] == ("sm90", "bwd", dtype) and k[3] >= c.d for k in flashcute.compiled_kernels()):
+        return f"this build has no sm90 backward kernel for {dtype} head dim {c.d}"
+    if c.softcap:
+        return "the sm90 backward has no softcap yet"
+    return ""
+
+
+@pytest.mark.parametrize("bwd_path", ["sm80", "sm90"])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_autograd_matches_reference(torch, require_kernel, case, dtype):
+def test_autograd_matches_reference(torch, require_kernel, monkeypatch, case, dtype, bwd_path):
     require_kernel(dtype, case.d)
+    if bwd_path == "sm90" and (why := _sm90_bwd_takes(torch, case, dtype)):
+        pytest.skip(why)
+    monkeypatch.setenv("FLASHCUTE_BACKWARD_PATH", bwd_path)
     q, k, v, dout = _inputs(torch, case, dtype, seed=hash(case.id) % 1000)
     leaves = [x.detach().requires_grad_() for x in (q, k, v)]
     if case.packed:  # gradients flow into the packed tensor through the strided views
@@ -100,6 +115,7 @@ def test_autograd_matches_reference(torch, require_kernel, case, dtype):
     out = flashcute.flash_attn_func(qv, kv, vv, **case.options())
     out.backward(dout)
     grads = qkv.grad.unbind(2) if case.packed else tuple(x.grad for x in leaves)
+    assert flashcute.last_backward_path() == bwd_path
     check = check_gradients(grads, dout, q, k, v, **case.options())
     assert check.ok, check.message
 

@@ -39,7 +39,7 @@ template <int kUnused>
 Status launch_merge(const MergeParams& params, DType dtype, cudaStream_t stream);
 }  // namespace sm80
 
-// The Hopper forward (sm90/launch_fwd.hpp): generated TUs compiled for sm_90a only.
+// The Hopper kernels (sm90/launch_*.hpp): generated TUs compiled for sm_90a only.
 namespace sm90 {
 template <DType kDType, int kHeadDim>
 Status launch_fwd(const FwdParams& params, cudaStream_t stream);
@@ -47,6 +47,9 @@ Status launch_fwd(const FwdParams& params, cudaStream_t stream);
 // compiled sm90 forward kernel whose head dim has them.
 template <DType kDType, int kHeadDim>
 Status launch_fwd_long(const FwdParams& params, cudaStream_t stream);
+// The Hopper backward (sm90/launch_bwd.hpp), where sm90::has_bwd_config(kHeadDim).
+template <DType kDType, int kHeadDim>
+Status launch_bwd(const BwdParams& params, cudaStream_t stream);
 }  // namespace sm90
 
 // Lets kKernel use smem_bytes of dynamic shared memory (needed above 48 KB). A per-device

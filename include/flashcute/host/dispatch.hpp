@@ -79,9 +79,10 @@ constexpr bool takes_params(Direction d) {
 template <KernelKey kKey, class Params>
 Status launch_kernel(const Params& params, cudaStream_t stream) {
   static_assert(takes_params<Params>(kKey.direction));
-  if constexpr (kKey.arch == Arch::kSm90) {
-    static_assert(kKey.direction == Direction::kFwd && kKey.variant == Variant::kPlain,
-                  "the sm90 family has the plain forward only");
+  if constexpr (kKey.arch == Arch::kSm90 && kKey.direction == Direction::kBwd) {
+    return sm90::launch_bwd<kKey.dtype, kKey.head_dim>(params, stream);
+  } else if constexpr (kKey.arch == Arch::kSm90) {
+    static_assert(kKey.variant == Variant::kPlain, "the sm90 family has the plain forward and backward only");
     Sm90Tiles tiles;
     FLASHCUTE_RETURN_IF_ERROR(sm90_tiles_setting(tiles));
     if constexpr (sm90::has_long_fwd_config(kKey.head_dim)) {
@@ -187,11 +188,44 @@ inline Status forward_kernel(const FwdPlan& plan, KernelKey& key) {
   return Status::success();
 }
 
+// The backward path: FLASHCUTE_BACKWARD_PATH=sm90 runs a call the Hopper backward can take
+// (plan.sm90_kernel) on it on a compute capability 9.0 device; unset, "auto" or "sm80", every
+// backward runs on the mma.sync kernels (the Hopper backward is opt-in until it is the faster).
+// Read at every launch (getenv: no device call).
+enum class BackwardPath : uint8_t { kSm80, kSm90 };
+
+inline Status backward_path_setting(BackwardPath& path) {
+  static constexpr const char* kValues[] = {"auto", "sm80", "sm90"};
+  std::size_t index;
+  const Status st = detail::env_choice("FLASHCUTE_BACKWARD_PATH", kValues, "auto, sm80 or sm90", index);
+  path = index == 2 ? BackwardPath::kSm90 : BackwardPath::kSm80;
+  return st;
+}
+
+// The kernel family the last backward launch of this process ran on (sm80 before any).
+inline std::atomic<Arch>& last_backward_arch() {
+  static std::atomic<Arch> arch{Arch::kSm80};
+  return arch;
+}
+
+// The kernel a backward plan runs on the current device.
+inline Status backward_kernel(const BwdPlan& plan, KernelKey& key) {
+  key = plan.kernel;
+  if (plan.sm90_kernel.arch != Arch::kSm90) return Status::success();
+  BackwardPath path;
+  FLASHCUTE_RETURN_IF_ERROR(backward_path_setting(path));
+  if (path == BackwardPath::kSm90 && device_is_sm90()) key = plan.sm90_kernel;
+  return Status::success();
+}
+
 // Launches a plan from plan_bwd() on `stream`. Never synchronises; an empty plan launches nothing.
-template <class Plan>
-Status launch(const Plan& plan, cudaStream_t stream) {
+inline Status launch(const BwdPlan& plan, cudaStream_t stream) {
   if (plan.empty) return Status::success();
-  return detail::launch_key(plan.kernel, plan.params, stream);
+  KernelKey key;
+  FLASHCUTE_RETURN_IF_ERROR(backward_kernel(plan, key));
+  FLASHCUTE_RETURN_IF_ERROR(detail::launch_key(key, plan.params, stream));
+  last_backward_arch().store(key.arch, std::memory_order_relaxed);
+  return Status::success();
 }
 
 // Launches a plan from plan_fwd(). A KV-cache plan is up to three kernels in stream order: the

@@ -34,6 +34,8 @@ constexpr bool kernel_list_is_consistent() {
     if (sm90::has_long_fwd_config(hd) && sm90::validate(sm90::long_fwd_config(hd)) != nullptr) return false;
   }
   for (const KernelKey& key : kCompiledKernels) {
+    if (key.arch == Arch::kSm90 && key.direction == Direction::kBwd && !sm90::has_bwd_config(key.head_dim))
+      return false;
     bool in_catalog = false;
     for (int hd : kKernelHeadDims) in_catalog = in_catalog || hd == key.head_dim;
     if (!in_catalog) return false;

@@ -32,7 +32,8 @@ struct BwdArgs : AttnOptions {  // the forward's options, exactly
   std::optional<VarlenArgs> varlen;
 };
 
-// The float32 workspace a backward call of these shapes needs: batch * nheads * seqlen_q.
+// The float32 workspace a backward call of these shapes needs on the sm80 kernels:
+// batch * nheads * seqlen_q.
 inline int64_t bwd_workspace_floats(int64_t batch, int64_t nheads, int64_t seqlen_q) {
   return batch * nheads * seqlen_q;
 }
@@ -41,7 +42,29 @@ struct BwdPlan {
   KernelKey kernel{};
   BwdParams params{};
   bool empty = true;  // nothing to compute: batch 0, or seqlen_q and seqlen_k both 0
+  // The sm90 kernel that can take this call (sm90_bwd_can_run, compiled, and a workspace of
+  // sm90::bwd_workspace_floats), arch kSm80 where none can: launch() runs it on a compute
+  // capability 9.0 device when the backward path setting allows.
+  KernelKey sm90_kernel{};
 };
+
+// Why the sm90 backward cannot take a call with these params, or nullptr when it can: the forward's
+// TMA rules (sm90_can_run) for q, k and v, the same for dout, dq stored 16 bytes a row at a time,
+// a fixed-length batch with at least one query and one key, no softcap, and the grid's y (KV
+// heads) and z (batch) dims below 2^16.
+inline const char* sm90_bwd_can_run(const BwdParams& p) {
+  if (const char* why = sm90_can_run(p)) return why;
+  if (p.seqlen_q < 1) return "no queries";
+  if (p.softcap > 0.f) return "softcap";
+  if (p.nheads_k > 65535 || p.batch > 65535) return "2^16 KV heads or batch entries";
+  for (int64_t s : {p.do_row_stride, p.do_head_stride, p.do_batch_stride, p.dq_row_stride, p.dq_head_stride,
+                    p.dq_batch_stride})
+    if (s < 0 || s % 8 != 0 || s >= (int64_t{1} << 38)) return "dout or dq: a stride that is not a multiple of 16 bytes";
+  if (p.dk_row_stride % 2 != 0 || p.dk_head_stride % 2 != 0 || p.dk_batch_stride % 2 != 0 ||
+      p.dv_row_stride % 2 != 0 || p.dv_head_stride % 2 != 0 || p.dv_batch_stride % 2 != 0)
+    return "dk or dv: an odd stride (the kernel stores element pairs)";
+  return nullptr;
+}
 
 namespace detail {
 
@@ -133,6 +156,11 @@ inline Status plan_bwd(const BwdArgs& a, BwdPlan& plan) {
   b.dk_batch_stride = kstride(dk, 0), b.dk_row_stride = kstride(dk, 1), b.dk_head_stride = kstride(dk, 2);
   b.dv_batch_stride = kstride(dv, 0), b.dv_row_stride = kstride(dv, 1), b.dv_head_stride = kstride(dv, 2);
   if (a.varlen) b.do_batch_stride = b.dq_batch_stride = b.dk_batch_stride = b.dv_batch_stride = 0;
+  const int sm90_hd = kernel_head_dim(p.head_dim, a.q.dtype, Direction::kBwd, Arch::kSm90);
+  if (sm90_hd > 0 && !a.varlen && sm90_bwd_can_run(b) == nullptr &&
+      a.workspace.numel() >= sm90::bwd_workspace_floats(p.batch, p.nheads, p.seqlen_q, sm90_hd) &&
+      reinterpret_cast<uintptr_t>(a.workspace.data) % 16 == 0)
+    plan.sm90_kernel = KernelKey{Arch::kSm90, Direction::kBwd, a.q.dtype, sm90_hd};
   return Status::success();
 }
 

@@ -146,4 +146,33 @@ constexpr bool use_long_tiles(int64_t seqlen_q, int64_t seqlen_k, int64_t heads_
   return sms <= 0 || units >= 2 * int64_t(sms);
 }
 
+// The backward (traits_bwd.hpp): a CTA owns block_n keys of one (batch, KV head), 64 per MMA
+// warpgroup, and walks the block_m-row query blocks that see them.
+struct BwdConfig {
+  int head_dim;     // columns of every tile in shared memory
+  int block_m;      // query rows per step (the N of S^T, the K of dV and dK)
+  int block_n;      // keys per CTA: 64 per MMA warpgroup
+  int stages = 2;   // Q and dO buffers each: the producer runs this far ahead
+  int producer_regs = 24;
+  int mma_regs = 240;
+  constexpr int mma_warpgroups() const { return block_n / 64; }
+  constexpr int num_threads() const { return 128 * (mma_warpgroups() + 1); }
+};
+
+// The tile table of the sm90 backward; head_dim 0: none for this head dim.
+constexpr BwdConfig default_bwd_config(int head_dim) {
+  if (head_dim == 64) return {64, 64, 128};
+  if (head_dim == 128) return {128, 64, 128};
+  return {0, 0, 0};
+}
+constexpr bool has_bwd_config(int head_dim) { return default_bwd_config(head_dim).head_dim == head_dim; }
+
+// A backward call's query rows rounded to whole blocks: the workspace's row count per head.
+constexpr int64_t bwd_padded_rows(int64_t seqlen_q) { return (seqlen_q + 63) / 64 * 64; }
+// The float32 workspace of an sm90 backward: D = rowsum(dO o O) and the lse in log2 units, one
+// per padded query row and head, then the dQ accumulator (padded rows x kernel head dim).
+constexpr int64_t bwd_workspace_floats(int64_t batch, int64_t nheads, int64_t seqlen_q, int kernel_head_dim) {
+  return batch * nheads * bwd_padded_rows(seqlen_q) * (2 + int64_t(kernel_head_dim));
+}
+
 }  // namespace flashcute::sm90

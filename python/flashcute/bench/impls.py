@@ -120,10 +120,12 @@ class Flashcute(Impl):
     ``tiles`` an sm90 tile table through FLASHCUTE_SM90_TILES ("flashcute-base": the first table's
     tiles only, to measure what the second table's choice gains)."""
 
-    def __init__(self, name: str = SUBJECT, path: str | None = None, tiles: str | None = None) -> None:
+    def __init__(self, name: str = SUBJECT, path: str | None = None, tiles: str | None = None,
+                 bwd_path: str | None = None) -> None:
         self.name = name
         self.path = path
         self.tiles = tiles
+        self.bwd_path = bwd_path  # FLASHCUTE_BACKWARD_PATH for the backward passes (None: as it is)
 
     def prepare(self, point: Point, input_sets: Sequence[Inputs], softmax_scale: float) -> Runner:
         import flashcute
@@ -141,15 +143,18 @@ class Flashcute(Impl):
                 x.q, x.k, x.v, softmax_scale=softmax_scale, causal=point.causal
             )
 
-        if point.pass_ != "fwd":
-            return grad_runner(point, input_sets,
-                               lambda q, k, v: flashcute.flash_attn_func(q, k, v, softmax_scale=softmax_scale,
-                                                                         causal=point.causal))
-
         @contextlib.contextmanager
         def context() -> Iterator[None]:
-            with forward_path_env(self.path), env_var("FLASHCUTE_SM90_TILES", self.tiles):
+            with forward_path_env(self.path), env_var("FLASHCUTE_SM90_TILES", self.tiles), \
+                    env_var("FLASHCUTE_BACKWARD_PATH", self.bwd_path):
                 yield
+
+        if point.pass_ != "fwd":
+            with context():
+                return grad_runner(point, input_sets,
+                                   lambda q, k, v: flashcute.flash_attn_func(q, k, v, softmax_scale=softmax_scale,
+                                                                             causal=point.causal),
+                                   context=context)
 
         calls = [call(x) for x in input_sets]
         with context():
@@ -278,7 +283,9 @@ IMPLS: dict[str, Impl] = {
     impl.name: impl
     for impl in (
         Flashcute(),
-        Flashcute("flashcute-sm80", path="sm80"),
+        Flashcute("flashcute-sm80", path="sm80", bwd_path="sm80"),
+        # The Hopper backward, opt-in until it is the default (FLASHCUTE_BACKWARD_PATH=sm90).
+        Flashcute("flashcute-sm90bwd", bwd_path="sm90"),
         Flashcute("flashcute-base", tiles="base"),
         Sdpa("sdpa-flash", "FLASH_ATTENTION"),
         Sdpa("sdpa-cudnn", "CUDNN_ATTENTION"),
@@ -289,4 +296,4 @@ IMPLS: dict[str, Impl] = {
 # What a run times unless --impls says otherwise: every implementation but the forced tile table,
 # which only A/B comparisons of the two tables ask for (fa4 is left out of a run, with a line saying
 # so, where it does not import).
-DEFAULT_IMPLS: tuple[str, ...] = tuple(name for name in IMPLS if name != "flashcute-base")
+DEFAULT_IMPLS: tuple[str, ...] = tuple(name for name in IMPLS if name not in ("flashcute-base", "flashcute-sm90bwd"))

@@ -1,0 +1,102 @@
+// flashcute/sm90/kernel_bwd.hpp: the three kernels of the sm90a backward.
+//
+// 1. bwd_preprocess_kernel: per query row, D = rowsum(dO o O) and the lse in log2 units (+inf
+//    where no key is seen, and on the padding rows, so that P = 0 there), and the row's dQ
+//    accumulator zeroed.
+// 2. bwd_kernel: one CTA per (key block, KV head, batch), warp-specialised: warpgroup 0's first
+//    thread loads (BwdMainloop::load), warpgroups 1-2 compute (BwdMainloop::mma) and store dK, dV.
+// 3. bwd_postprocess_kernel: dQ = softmax_scale * accumulator, converted and stored.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+
+#include "flashcute/common/mask.hpp"
+#include "flashcute/common/params.hpp"
+#include "flashcute/sm90/mainloop_bwd.hpp"
+#include "flashcute/sm90/traits_bwd.hpp"
+
+namespace flashcute::sm90 {
+
+// Grid (padded rows / 64, nheads, batch), 256 threads: four threads a row.
+template <class Element, int kHeadDim>
+__global__ void __launch_bounds__(256) bwd_preprocess_kernel(const BwdParams p, float* dpsum, float* lse2,
+                                                             float* dq_accum, int padded_rows) {
+  const int m0 = int(blockIdx.x) * 64, head = int(blockIdx.y), batch = int(blockIdx.z);
+  const int row = m0 + int(threadIdx.x) / 4, part = int(threadIdx.x) % 4;
+  float sum = 0.f;
+  if (row < p.seqlen_q) {
+    const Element* o = static_cast<const Element*>(p.o) + batch * p.o_batch_stride + row * p.o_row_stride +
+                       head * p.o_head_stride;
+    const Element* dout = static_cast<const Element*>(p.dout) + batch * p.do_batch_stride + row * p.do_row_stride +
+                          head * p.do_head_stride;
+    for (int c = part * 8; c < p.head_dim; c += 32) {
+      const uint4 ov = *reinterpret_cast<const uint4*>(o + c);
+      const uint4 dv = *reinterpret_cast<const uint4*>(dout + c);
+      const Element* oe = reinterpret_cast<const Element*>(&ov);
+      const Element* de = reinterpret_cast<const Element*>(&dv);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) sum += float(oe[e]) * float(de[e]);
+    }
+  }
+  sum += __shfl_xor_sync(0xffffffff, sum, 1);
+  sum += __shfl_xor_sync(0xffffffff, sum, 2);
+  const int64_t bh = int64_t(batch) * p.nheads + head;
+  if (part == 0) {
+    constexpr float kLog2e = 1.4426950408889634f;
+    const float lse = row < p.seqlen_q ? p.lse[batch * p.lse_batch_stride + head * p.lse_head_stride + row] : -INFINITY;
+    dpsum[bh * padded_rows + row] = sum;
+    lse2[bh * padded_rows + row] = lse == -INFINITY ? INFINITY : lse * kLog2e;
+  }
+  float4* acc = reinterpret_cast<float4*>(dq_accum + (bh * padded_rows + m0) * kHeadDim);
+  for (int i = int(threadIdx.x); i < 64 * kHeadDim / 4; i += 256) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+}
+
+template <class Traits>
+__global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(__grid_constant__ const BwdKernelParams<Traits> kp) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Mainloop = BwdMainloop<Traits>;
+  static_assert(Traits::kNThreads == 128 * (1 + Traits::kMmaWarpgroups), "one producer warpgroup");
+  extern __shared__ __align__(1024) char smem_buf[];
+  auto& storage = *reinterpret_cast<typename Traits::SharedStorage*>(smem_buf);
+  const BwdParams& p = kp.params;
+  const KeyMask keys{p.seqlen_k, p.seqlen_k - p.seqlen_q, p.window_left, p.window_right};
+  const BwdTile tile = bwd_tile<Traits::kBlockM, Traits::kBlockN>(p, keys, int(blockIdx.x), int(blockIdx.y),
+                                                                  int(blockIdx.z));
+  if (threadIdx.x == 0) Mainloop::init_barriers(storage);
+  cutlass::arch::fence_barrier_init();
+  __syncthreads();
+  const Mainloop mainloop(kp, storage);
+  if (cutlass::canonical_warp_group_idx() == 0) {
+    cutlass::arch::warpgroup_reg_dealloc<Traits::kConfig.producer_regs>();
+    if (cutlass::canonical_warp_idx_sync() != 0 || !cute::elect_one_sync()) return;
+    mainloop.load(tile);
+    return;
+  }
+  cutlass::arch::warpgroup_reg_alloc<Traits::kConfig.mma_regs>();
+  mainloop.mma(tile, keys, int(threadIdx.x) - 128);
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+}
+
+// Grid (padded rows / 64, nheads, batch), 256 threads: 8 columns a thread at a time.
+template <class Element, int kHeadDim>
+__global__ void __launch_bounds__(256) bwd_postprocess_kernel(const BwdParams p, const float* dq_accum,
+                                                              int padded_rows) {
+  const int m0 = int(blockIdx.x) * 64, head = int(blockIdx.y), batch = int(blockIdx.z);
+  const int64_t bh = int64_t(batch) * p.nheads + head;
+  Element* dq = static_cast<Element*>(p.dq) + batch * p.dq_batch_stride + head * p.dq_head_stride;
+  constexpr int kChunks = kHeadDim / 8;
+  for (int i = int(threadIdx.x); i < 64 * kChunks; i += 256) {
+    const int row = m0 + i / kChunks, c = i % kChunks * 8;
+    if (row >= p.seqlen_q || c >= p.head_dim) continue;
+    const float4* a = reinterpret_cast<const float4*>(dq_accum + (bh * padded_rows + row) * kHeadDim + c);
+    const float4 x = a[0], y = a[1];
+    const float s = p.softmax_scale;
+    Element out[8] = {Element(x.x * s), Element(x.y * s), Element(x.z * s), Element(x.w * s),
+                      Element(y.x * s), Element(y.y * s), Element(y.z * s), Element(y.w * s)};
+    *reinterpret_cast<uint4*>(dq + row * p.dq_row_stride + c) = *reinterpret_cast<const uint4*>(out);
+  }
+}
+
+}  // namespace flashcute::sm90

@@ -1,0 +1,73 @@
+// flashcute/sm90/launch_bwd.hpp: host-side launch of the sm90a backward (three kernels in stream
+// order, traits_bwd.hpp and kernel_bwd.hpp).
+//
+// Defines sm90::launch_bwd<dtype, head dim>, which common/launch.hpp declares; a generated
+// translation unit, compiled for sm_90a only, instantiates one. Preconditions: what plan_bwd
+// guarantees, sm90_bwd_can_run(params) (host/validate_bwd.hpp), and params.dsum pointing at
+// bwd_workspace_floats(batch, nheads, seqlen_q, kHeadDim) floats, 16-byte aligned. Reads no
+// device memory on the host and enqueues only kernels: a launch can be captured into a CUDA graph.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "flashcute/common/launch.hpp"
+#include "flashcute/common/params.hpp"
+#include "flashcute/common/status.hpp"
+#include "flashcute/sm90/kernel_bwd.hpp"
+#include "flashcute/sm90/tma.hpp"
+#include "flashcute/sm90/traits_bwd.hpp"
+
+namespace flashcute::sm90 {
+
+template <DType kDType, int kHeadDim>
+Status launch_bwd(const BwdParams& params, cudaStream_t stream) {
+  static_assert(has_bwd_config(kHeadDim), "no sm90 backward config for this head dim (traits_bwd.hpp)");
+  using Traits = BwdTraits<kDType, default_bwd_config(kHeadDim)>;
+  using Element = typename Traits::Element;
+  using namespace cute;
+  if (Status st = tma_encoder_available(); !st.ok()) return st;
+  const BwdParams& p = params;
+  const int padded = int(bwd_padded_rows(p.seqlen_q));
+  const int64_t rows = int64_t(p.batch) * p.nheads * padded;
+  float* dpsum = p.dsum;
+  float* lse2 = p.dsum + rows;
+  float* dq_accum = p.dsum + 2 * rows;
+  const dim3 grid_rows(unsigned(padded / 64), unsigned(p.nheads), unsigned(p.batch));
+  bwd_preprocess_kernel<Element, kHeadDim><<<grid_rows, 256, 0, stream>>>(p, dpsum, lse2, dq_accum, padded);
+  FLASHCUTE_CUDA_CHECK(cudaGetLastError());
+
+  auto gmem = [](const void* ptr, int rows_, int heads, int64_t row_stride, int64_t head_stride, int64_t batch_stride,
+                 const BwdParams& q) {
+    return make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)), make_shape(rows_, q.head_dim, heads, q.batch),
+                       make_stride(tma_stride(row_stride), _1{}, tma_stride(head_stride), tma_stride(batch_stride)));
+  };
+  auto q = gmem(p.q, p.seqlen_q, p.nheads, p.q_row_stride, p.q_head_stride, p.q_batch_stride, p);       // (Sq,d,H,B)
+  auto dout = gmem(p.dout, p.seqlen_q, p.nheads, p.do_row_stride, p.do_head_stride, p.do_batch_stride, p);
+  auto k = gmem(p.k, p.seqlen_k, p.nheads_k, p.k_row_stride, p.k_head_stride, p.k_batch_stride, p);    // (Sk,d,Hk,B)
+  auto v = gmem(p.v, p.seqlen_k, p.nheads_k, p.v_row_stride, p.v_head_stride, p.v_batch_stride, p);
+  const BwdKernelParams<Traits> kp{
+      p,
+      dpsum,
+      lse2,
+      dq_accum,
+      padded,
+      make_tma_copy(SM90_TMA_LOAD{}, q, take<0, 2>(typename Traits::SmemLayoutQ{})),
+      make_tma_copy(SM90_TMA_LOAD{}, dout, take<0, 2>(typename Traits::SmemLayoutQ{})),
+      make_tma_copy(SM90_TMA_LOAD{}, k, typename Traits::SmemLayoutK{}),
+      make_tma_copy(SM90_TMA_LOAD{}, v, typename Traits::SmemLayoutK{}),
+  };
+  constexpr int kSmem = Traits::kSmemBytes;
+  constexpr auto kernel = &bwd_kernel<Traits>;
+  if (Status st = allow_smem<kernel>(kSmem); !st.ok()) return st;
+  const dim3 grid(unsigned((p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN), unsigned(p.nheads_k),
+                  unsigned(p.batch));
+  kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(kp);
+  FLASHCUTE_CUDA_CHECK(cudaGetLastError());
+  bwd_postprocess_kernel<Element, kHeadDim><<<grid_rows, 256, 0, stream>>>(p, dq_accum, padded);
+  FLASHCUTE_CUDA_CHECK(cudaGetLastError());
+  return Status::success();
+}
+
+}  // namespace flashcute::sm90

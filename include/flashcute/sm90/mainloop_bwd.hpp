@@ -1,0 +1,247 @@
+// flashcute/sm90/mainloop_bwd.hpp: the main loop of the sm90a backward, by role.
+//
+// - BwdMainloop::load (producer, one thread): the CTA's K and V once, then each step's Q and dO
+//   into a `stages`-deep ring (pipeline.hpp), for every query head of the group and every query
+//   block that sees the CTA's keys. TMA zero-fills rows and columns outside the arrays.
+// - BwdMainloop::mma (the two MMA warpgroups): per step, S^T and dP^T, P^T and dS^T in registers,
+//   dV += P^T dO and dK += dS^T Q from registers, dS into shared memory, dQ = dS K, and dQ added
+//   into the fp32 accumulator in global memory. dK and dV stay in registers until the end.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+
+#include "flashcute/common/fragment.hpp"
+#include "flashcute/common/mask.hpp"
+#include "flashcute/common/params.hpp"
+#include "flashcute/sm90/gmma.hpp"
+#include "flashcute/sm90/pipeline.hpp"
+#include "flashcute/sm90/traits_bwd.hpp"
+
+namespace flashcute::sm90 {
+
+// The work of one CTA: keys [n_block * BLK_N, +BLK_N) of KV head head_k in batch `batch`, against
+// query blocks [m_first, m_last) of each query head of the group.
+struct BwdTile {
+  int n_block, head_k, batch;
+  int m_first, m_last;
+};
+
+template <int kBlockM, int kBlockN>
+CUTE_HOST_DEVICE BwdTile bwd_tile(const BwdParams& p, const KeyMask& keys, int n_block, int head_k, int batch) {
+  const int key_lo = n_block * kBlockN;
+  const int key_hi = cute::min(key_lo + kBlockN, p.seqlen_k) - 1;  // the block's last key
+  const int q_lo = keys.query_begin(key_lo);
+  const int q_hi = keys.query_end(key_hi, p.seqlen_q);
+  BwdTile t{n_block, head_k, batch, 0, 0};
+  if (q_hi > q_lo) t.m_first = q_lo / kBlockM, t.m_last = (q_hi + kBlockM - 1) / kBlockM;
+  return t;
+}
+
+// Named barrier of the two MMA warpgroups: both halves of dS are in shared memory.
+struct BwdBarriers {
+  static constexpr uint32_t kDsReady = 0;
+};
+
+template <class Traits>
+struct BwdMainloop {
+  using Element = typename Traits::Element;
+  static constexpr int kBlockM = Traits::kBlockM;
+  static constexpr int kBlockN = Traits::kBlockN;
+  static constexpr int kHeadDim = Traits::kHeadDim;
+  using Pipeline = TmaPipeline<Traits::kStages>;
+  using State = PipelineState<Traits::kStages>;
+  using Storage = typename Traits::SharedStorage;
+
+  const BwdKernelParams<Traits>& kp;
+  Storage& storage;
+  Pipeline qdo_pipe;
+
+  CUTE_DEVICE BwdMainloop(const BwdKernelParams<Traits>& kp_, Storage& storage_)
+      : kp(kp_), storage(storage_), qdo_pipe{storage_.qdo_bar} {}
+
+  CUTE_DEVICE static void init_barriers(Storage& storage) {
+    Pipeline::init(storage.qdo_bar, Traits::kMmaWarpgroups * 4);
+    cutlass::arch::ClusterTransactionBarrier::init(&storage.kv_full, 1);
+  }
+
+  CUTE_DEVICE auto smem(Element* p, auto layout) const { return cute::make_tensor(cute::make_smem_ptr(p), layout); }
+
+  // Producer, one thread.
+  CUTE_DEVICE void load(const BwdTile& tile) const {
+    using namespace cute;
+    const BwdParams& p = kp.params;
+    const int group = p.nheads / p.nheads_k;
+    Tensor mQ = kp.tma_q.get_tma_tensor(make_shape(p.seqlen_q, p.head_dim, p.nheads, p.batch));    // (Sq,d,H,B)
+    Tensor mdO = kp.tma_do.get_tma_tensor(make_shape(p.seqlen_q, p.head_dim, p.nheads, p.batch));  // (Sq,d,H,B)
+    Tensor mK = kp.tma_k.get_tma_tensor(make_shape(p.seqlen_k, p.head_dim, p.nheads_k, p.batch));  // (Sk,d,Hk,B)
+    Tensor mV = kp.tma_v.get_tma_tensor(make_shape(p.seqlen_k, p.head_dim, p.nheads_k, p.batch));  // (Sk,d,Hk,B)
+    using TileQ = Shape<Int<kBlockM>, Int<kHeadDim>>;
+    using TileK = Shape<Int<kBlockN>, Int<kHeadDim>>;
+    Tensor gK = local_tile(mK(_, _, tile.head_k, tile.batch), TileK{}, make_coord(tile.n_block, 0));  // (BLK_N,D)
+    Tensor gV = local_tile(mV(_, _, tile.head_k, tile.batch), TileK{}, make_coord(tile.n_block, 0));  // (BLK_N,D)
+    Tensor sK = smem(storage.k.data(), typename Traits::SmemLayoutK{});                                // (BLK_N,D)
+    Tensor sV = smem(storage.v.data(), typename Traits::SmemLayoutK{});                                // (BLK_N,D)
+    Tensor sQ = smem(storage.q.data(), typename Traits::SmemLayoutQ{});                                // (BLK_M,D,PIPE)
+    Tensor sdO = smem(storage.dout.data(), typename Traits::SmemLayoutQ{});                            // (BLK_M,D,PIPE)
+    auto [tKgK, tKsK] = tma_partition(kp.tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+    auto [tVgV, tVsV] = tma_partition(kp.tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+    cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&storage.kv_full, 2 * Traits::kKBytes);
+    copy(kp.tma_k.with(storage.kv_full), tKgK, tKsK);
+    copy(kp.tma_v.with(storage.kv_full), tVgV, tVsV);
+    State st;
+    for (int g = 0; g < group; ++g) {
+      const int head = tile.head_k * group + g;
+      Tensor gQ = local_tile(mQ(_, _, head, tile.batch), TileQ{}, make_coord(_, 0));     // (BLK_M,D,m)
+      Tensor gdO = local_tile(mdO(_, _, head, tile.batch), TileQ{}, make_coord(_, 0));   // (BLK_M,D,m)
+      auto [tQgQ, tQsQ] = tma_partition(kp.tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
+      auto [tOgO, tOsO] =
+          tma_partition(kp.tma_do, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
+      for (int m = tile.m_first; m < tile.m_last; ++m, ++st) {
+        uint64_t& full = qdo_pipe.producer_acquire(st, 2 * Traits::kQBytes);
+        copy(kp.tma_q.with(full), tQgQ(_, m), tQsQ(_, st.index()));
+        copy(kp.tma_do.with(full), tOgO(_, m), tOsO(_, st.index()));
+      }
+    }
+  }
+
+  // The MMA warpgroups (mma_tid in [0, 256)): the whole tile, then dK and dV stored.
+  CUTE_DEVICE void mma(const BwdTile& tile, const KeyMask& keys, int mma_tid) const {
+    using namespace cute;
+    const BwdParams& p = kp.params;
+    const int group = p.nheads / p.nheads_k;
+    const int n0 = tile.n_block * kBlockN;
+    const int wg = mma_tid / 128;
+    Tensor sK = smem(storage.k.data(), typename Traits::SmemLayoutK{});      // (BLK_N,D)
+    Tensor sKt = smem(storage.k.data(), typename Traits::SmemLayoutKt{});    // (D,BLK_N)
+    Tensor sV = smem(storage.v.data(), typename Traits::SmemLayoutK{});      // (BLK_N,D)
+    Tensor sQ = smem(storage.q.data(), typename Traits::SmemLayoutQ{});      // (BLK_M,D,PIPE)
+    Tensor sQt = smem(storage.q.data(), typename Traits::SmemLayoutQt{});    // (D,BLK_M,PIPE)
+    Tensor sdO = smem(storage.dout.data(), typename Traits::SmemLayoutQ{});  // (BLK_M,D,PIPE)
+    Tensor sdOt = smem(storage.dout.data(), typename Traits::SmemLayoutQt{});  // (D,BLK_M,PIPE)
+    Tensor sdS = smem(storage.ds.data(), typename Traits::SmemLayoutDS{});     // (BLK_M,BLK_N,2)
+    Tensor sdSt = smem(storage.ds.data(), typename Traits::SmemLayoutDSt{});   // (BLK_N,BLK_M,2)
+
+    using TileSt = Shape<Int<kBlockN>, Int<kBlockM>>;
+    typename Traits::TiledMmaSdP mma_sdp;
+    auto thr_sdp = mma_sdp.get_thread_slice(mma_tid);
+    Tensor tSrK = thr_sdp.partition_fragment_A(sK);     // (MMA,MMA_N,MMA_K) smem descriptors
+    Tensor tSrV = thr_sdp.partition_fragment_A(sV);     // (MMA,MMA_N,MMA_K)
+    Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);     // (MMA,MMA_M,MMA_K,PIPE)
+    Tensor tSrdO = thr_sdp.partition_fragment_B(sdO);   // (MMA,MMA_M,MMA_K,PIPE)
+    Tensor tSsdSt = thr_sdp.partition_C(sdSt);          // (MMA,MMA_N,MMA_M,2): where this thread's dS^T goes
+    Tensor acc_s = partition_fragment_C(mma_sdp, TileSt{});   // ((2,2,M/8),1,1) fp32: S^T, then P^T
+    Tensor acc_dp = partition_fragment_C(mma_sdp, TileSt{});  // ((2,2,M/8),1,1) fp32: dP^T, then dS^T
+    Tensor tScS = thr_sdp.partition_C(make_identity_tensor(TileSt{}));  // ((2,2,M/8),1,1) -> (key,query)
+    Tensor s_rc = make_tensor(acc_s.data(), gmma_rowcol_layout(acc_s.layout()));    // ((2,1),(2,M/8,1)) keys x queries
+    Tensor dp_rc = make_tensor(acc_dp.data(), gmma_rowcol_layout(acc_dp.layout()));
+    Tensor c_rc = make_tensor(tScS.data(), gmma_rowcol_layout(tScS.layout()));
+    constexpr int kCols = decltype(size<1>(s_rc))::value;  // this thread's queries per step
+
+    typename Traits::TiledMmaKV mma_kv;
+    auto thr_kv = mma_kv.get_thread_slice(mma_tid);
+    Tensor tKVrdOt = thr_kv.partition_fragment_B(sdOt);  // (MMA,MMA_D,MMA_K,PIPE)
+    Tensor tKVrQt = thr_kv.partition_fragment_B(sQt);    // (MMA,MMA_D,MMA_K,PIPE)
+    Tensor acc_dv = partition_fragment_C(mma_kv, Shape<Int<kBlockN>, Int<kHeadDim>>{});  // ((2,2,D/8),1,1)
+    Tensor acc_dk = partition_fragment_C(mma_kv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
+    Tensor rP = make_fragment_like<Element>(acc_s);
+    Tensor rdS = make_fragment_like<Element>(acc_dp);
+    Tensor tKVrP = make_tensor(rP.data(), gmma_acc_to_a_layout(rP.layout()));     // A operand view
+    Tensor tKVrdS = make_tensor(rdS.data(), gmma_acc_to_a_layout(rdS.layout()));
+
+    typename Traits::TiledMmaDQ mma_dq;
+    auto thr_dq = mma_dq.get_thread_slice(mma_tid);
+    Tensor tQrdS = thr_dq.partition_fragment_A(sdS);  // (MMA,MMA_M,MMA_K,2)
+    Tensor tQrKt = thr_dq.partition_fragment_B(sKt);  // (MMA,MMA_D,MMA_K)
+    Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});  // ((2,2,D/16),1,1)
+    Tensor tQcQ = thr_dq.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+
+    clear(acc_dv);
+    clear(acc_dk);
+    constexpr float kLog2e = 1.4426950408889634f;
+    const float scale_log2 = p.softmax_scale * kLog2e;
+    cutlass::arch::ClusterTransactionBarrier::wait(&storage.kv_full, 0);
+    State st;
+    int ds_buf = 0;
+    for (int g = 0; g < group; ++g) {
+      const int head = tile.head_k * group + g;
+      const int64_t bh = int64_t(tile.batch) * p.nheads + head;
+      const float* dpsum = kp.dpsum + bh * kp.padded_rows;
+      const float* lse2 = kp.lse2 + bh * kp.padded_rows;
+      float* dq_accum = kp.dq_accum + bh * kp.padded_rows * kHeadDim;
+      for (int m = tile.m_first; m < tile.m_last; ++m, ++st, ds_buf ^= 1) {
+        const int m0 = m * kBlockM;
+        // This thread's queries' lse and D (the workspace has whole blocks of rows).
+        float lse_col[kCols], dpsum_col[kCols];
+        CUTE_UNROLL
+        for (int j = 0; j < kCols; ++j) {
+          const int row = m0 + get<1>(c_rc(0, j));
+          lse_col[j] = lse2[row];
+          dpsum_col[j] = dpsum[row];
+        }
+        qdo_pipe.consumer_wait(st);
+        wgmma_gemm<true, false>(mma_sdp, tSrK, tSrQ(_, _, _, st.index()), acc_s);
+        wgmma_gemm<true, false>(mma_sdp, tSrV, tSrdO(_, _, _, st.index()), acc_dp);
+        warpgroup_wait<1>();  // S^T is done
+        // P^T = exp2(S^T scale log2(e) - lse log2(e)), zero where the query does not see the key.
+        if (keys.tile_needs_mask(m0, kBlockM, n0 + 64 * wg, 64) || n0 + kBlockN > p.seqlen_k)
+          keys.apply_transposed(s_rc, c_rc, n0, m0, -INFINITY);
+        CUTE_UNROLL
+        for (int i = 0; i < size<0>(s_rc); ++i) {
+          CUTE_UNROLL
+          for (int j = 0; j < kCols; ++j) s_rc(i, j) = exp2f(s_rc(i, j) * scale_log2 - lse_col[j]);
+        }
+        warpgroup_wait<0>();  // dP^T is done
+        CUTE_UNROLL
+        for (int i = 0; i < size<0>(dp_rc); ++i) {
+          CUTE_UNROLL
+          for (int j = 0; j < kCols; ++j) dp_rc(i, j) = s_rc(i, j) * (dp_rc(i, j) - dpsum_col[j]);
+        }
+        convert_fragment_into(acc_s, rP);
+        convert_fragment_into(acc_dp, rdS);
+        wgmma_gemm<false, true>(mma_kv, tKVrP, tKVrdOt(_, _, _, st.index()), acc_dv);
+        wgmma_gemm<false, true>(mma_kv, tKVrdS, tKVrQt(_, _, _, st.index()), acc_dk);
+        // dS into shared memory (queries contiguous), for dQ = dS K, which needs both warpgroups' keys.
+        Tensor tSsdSt_buf = tSsdSt(_, _, _, ds_buf);  // (MMA,MMA_N,MMA_M)
+        CUTE_UNROLL
+        for (int i = 0; i < size(rdS); ++i) tSsdSt_buf(i) = rdS(i);
+        cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by wgmma (async proxy)
+        cutlass::arch::NamedBarrier::sync(Traits::kMmaThreads, BwdBarriers::kDsReady);
+        wgmma_gemm<true, false>(mma_dq, tQrdS(_, _, _, ds_buf), tQrKt, acc_dq);
+        warpgroup_wait<0>();  // dV, dK and dQ are done: the step's Q and dO are free
+        qdo_pipe.consumer_release(st);
+        // dQ (unscaled) added into the accumulator, two columns per atomic.
+        CUTE_UNROLL
+        for (int i = 0; i < size(acc_dq); i += 2) {
+          const int row = m0 + get<0>(tQcQ(i)), col = get<1>(tQcQ(i));
+          atomicAdd(reinterpret_cast<float2*>(dq_accum + int64_t(row) * kHeadDim + col),
+                    make_float2(acc_dq(i), acc_dq(i + 1)));
+        }
+      }
+    }
+    store_dkv(tile, thr_kv, acc_dk, acc_dv);
+  }
+
+  // dK (scaled by softmax_scale) and dV, from the accumulators, two elements per store.
+  template <class ThrMma, class Acc>
+  CUTE_DEVICE void store_dkv(const BwdTile& tile, const ThrMma& thr_kv, Acc& acc_dk, Acc& acc_dv) const {
+    using namespace cute;
+    const BwdParams& p = kp.params;
+    Tensor tKVcKV = thr_kv.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{}));
+    Element* dk = static_cast<Element*>(p.dk) + tile.batch * p.dk_batch_stride + tile.head_k * p.dk_head_stride;
+    Element* dv = static_cast<Element*>(p.dv) + tile.batch * p.dv_batch_stride + tile.head_k * p.dv_head_stride;
+    const int n0 = tile.n_block * kBlockN;
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc_dk); i += 2) {
+      const int row = n0 + get<0>(tKVcKV(i)), col = get<1>(tKVcKV(i));
+      if (row < p.seqlen_k && col < p.head_dim) {
+        Element k2[2] = {Element(acc_dk(i) * p.softmax_scale), Element(acc_dk(i + 1) * p.softmax_scale)};
+        Element v2[2] = {Element(acc_dv(i)), Element(acc_dv(i + 1))};
+        *reinterpret_cast<uint32_t*>(dk + row * p.dk_row_stride + col) = *reinterpret_cast<uint32_t*>(k2);
+        *reinterpret_cast<uint32_t*>(dv + row * p.dv_row_stride + col) = *reinterpret_cast<uint32_t*>(v2);
+      }
+    }
+  }
+};
+
+}  // namespace flashcute::sm90

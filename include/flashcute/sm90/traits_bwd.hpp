@@ -1,0 +1,120 @@
+// flashcute/sm90/traits_bwd.hpp: the static configuration of the sm90a backward, and everything
+// its kernels derive from it.
+//
+// A CTA owns block_n keys of one (batch, KV head) and walks the query blocks that see them, for
+// every query head of the KV head's group (FlashAttention-3's order, GQA summed in registers).
+// Two MMA warpgroups own 64 keys each and compute the transposed tiles S^T = K Q^T and
+// dP^T = V dO^T (FlashAttention-3's SdP_swapAB): the accumulators already sit where the A operand
+// of dV += P^T dO and dK += dS^T Q wants them, so P never touches shared memory; dS goes there
+// once, for dQ = dS K, which the two warpgroups split by columns.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cute/arch/copy_sm90_tma.hpp>
+#include <cute/atom/copy_traits_sm90_tma.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+
+#include "flashcute/common/element.hpp"
+#include "flashcute/common/params.hpp"
+#include "flashcute/sm90/config.hpp"
+#include "flashcute/sm90/pipeline.hpp"
+#include "flashcute/sm90/traits.hpp"
+
+namespace flashcute::sm90 {
+
+template <DType kDType, BwdConfig kCfg>
+struct BwdTraits {
+  static_assert(kCfg.block_m == 64 && kCfg.block_n == 128, "64 x 128 tiles: the layouts below assume them");
+  static_assert(kCfg.head_dim % 64 == 0, "head dims of whole 128-byte swizzle rows");
+  using Element = typename ElementOf<kDType>::type;
+  static constexpr BwdConfig kConfig = kCfg;
+  static constexpr int kBlockM = kCfg.block_m;
+  static constexpr int kBlockN = kCfg.block_n;
+  static constexpr int kHeadDim = kCfg.head_dim;
+  static constexpr int kStages = kCfg.stages;
+  static constexpr int kMmaWarpgroups = kCfg.mma_warpgroups();
+  static constexpr int kNThreads = kCfg.num_threads();
+  static constexpr int kMmaThreads = 128 * kMmaWarpgroups;
+
+  using BlkM = cute::Int<kBlockM>;
+  using BlkN = cute::Int<kBlockN>;
+  using HeadDim = cute::Int<kHeadDim>;
+  using Pipe = cute::Int<kStages>;
+  using Major = cute::GMMA::Major;
+
+  // S^T = K Q^T and dP^T = V dO^T: (BLK_N,BLK_M) over K = D, both operands K-major; warpgroup w
+  // computes keys [64 w, 64 w + 64).
+  using AtomLayoutKeys = cute::Layout<cute::Shape<cute::Int<kMmaWarpgroups>, cute::_1, cute::_1>>;
+  using TiledMmaSdP = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<Element, Element, float, cute::Shape<cute::_64, BlkM, HeadDim>>(), AtomLayoutKeys{}));
+  // dV += P^T dO, dK += dS^T Q: (BLK_N,D) over K = BLK_M; A from the S^T / dP^T registers, B the
+  // (D,BLK_M) view of dO / Q, d contiguous (MN-major).
+  using TiledMmaKV = decltype(cute::make_tiled_mma(
+      cute::GMMA::rs_op_selector<Element, Element, float, cute::Shape<cute::_64, HeadDim, BlkM>, Major::K, Major::MN>(),
+      AtomLayoutKeys{}));
+  // dQ = dS K: (BLK_M,D) over K = BLK_N; dS queries-contiguous and the (D,BLK_N) view of K both
+  // MN-major; warpgroup w computes columns [w D/2, (w + 1) D/2).
+  using TiledMmaDQ = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<Element, Element, float, cute::Shape<cute::_64, cute::Int<kHeadDim / 2>, BlkN>,
+                                 Major::MN, Major::MN>(),
+      cute::Layout<cute::Shape<cute::_1, cute::Int<kMmaWarpgroups>, cute::_1>>{}));
+  static_assert(gmma_n<TiledMmaSdP> == kBlockM && gmma_n<TiledMmaKV> == kHeadDim &&
+                    gmma_n<TiledMmaDQ> == kHeadDim / 2,
+                "a wgmma shape the backward needs has no atom: add it to sm90/wgmma_atoms.hpp");
+
+  // Q and dO: (BLK_M,D,PIPE), K and V: (BLK_N,D); each also seen transposed, (D,BLK_M,PIPE) and
+  // (D,BLK_N), as the B operand of the GEMMs that reduce over its rows (the same bytes).
+  using SmemAtomK = decltype(gmma_smem_atom<Element, Major::K, kHeadDim>());
+  using SmemLayoutQ = decltype(cute::tile_to_shape(SmemAtomK{}, cute::Shape<BlkM, HeadDim, Pipe>{}));
+  using SmemLayoutQt = decltype(cute::composition(
+      SmemLayoutQ{}, cute::make_layout(cute::Shape<HeadDim, BlkM, Pipe>{},
+                                       cute::Stride<BlkM, cute::_1, cute::Int<kBlockM * kHeadDim>>{})));
+  using SmemLayoutK = decltype(cute::tile_to_shape(SmemAtomK{}, cute::Shape<BlkN, HeadDim>{}));
+  using SmemLayoutKt = decltype(cute::composition(
+      SmemLayoutK{}, cute::make_layout(cute::Shape<HeadDim, BlkN>{}, cute::Stride<BlkN, cute::_1>{})));
+  // dS: (BLK_M,BLK_N,2), queries contiguous, two buffers (one step's dQ reads one while the next
+  // step writes the other); written through its (BLK_N,BLK_M,2) view from the dS^T accumulators.
+  using SmemLayoutDS = decltype(cute::tile_to_shape(gmma_smem_atom<Element, Major::MN, kBlockM>(),
+                                                    cute::Shape<BlkM, BlkN, cute::_2>{}));
+  using SmemLayoutDSt = decltype(cute::composition(
+      SmemLayoutDS{}, cute::make_layout(cute::Shape<BlkN, BlkM, cute::_2>{},
+                                        cute::Stride<BlkM, cute::_1, cute::Int<kBlockM * kBlockN>>{})));
+
+  // Global tensors as the TMA descriptors see them: (seqlen, d, head, batch).
+  using ShapeQKV = cute::Shape<int32_t, int32_t, int32_t, int32_t>;
+  using StrideQKV = cute::Stride<int64_t, cute::_1, int64_t, int64_t>;
+  using Gmem = decltype(cute::make_tensor(cute::make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{},
+                                          StrideQKV{}));
+  using TmaQ = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, Gmem{}, cute::take<0, 2>(SmemLayoutQ{})));
+  using TmaK = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, Gmem{}, SmemLayoutK{}));
+  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kKBytes = kBlockN * kHeadDim * sizeof(Element);
+
+  struct SharedStorage {
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>, 1024> k;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>, 1024> v;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> q;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> dout;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutDS>, 1024> ds;
+    PipelineBarriers<kStages> qdo_bar;  // a step's Q and dO, one barrier pair per buffer
+    uint64_t kv_full;                   // the CTA's K and V, loaded once
+  };
+  static constexpr int kSmemBytes = int(sizeof(SharedStorage));
+  static_assert(kSmemBytes <= 227 * 1024, "shared storage exceeds 227 KB");
+};
+
+// What the main kernel receives: the plain params, the workspace's parts and the TMA descriptors.
+template <class Traits>
+struct BwdKernelParams {
+  BwdParams params;
+  const float* dpsum;  // (batch, nheads, padded rows): D = rowsum(dO o O)
+  const float* lse2;   // (batch, nheads, padded rows): lse * log2(e); +inf on rows no key reaches
+  float* dq_accum;     // (batch, nheads, padded rows, kernel head dim), zeroed by the preprocess
+  int padded_rows;
+  typename Traits::TmaQ tma_q;
+  typename Traits::TmaQ tma_do;
+  typename Traits::TmaK tma_k;
+  typename Traits::TmaK tma_v;
+};
+
+}  // namespace flashcute::sm90
