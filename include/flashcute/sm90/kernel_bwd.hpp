@@ -4,8 +4,10 @@
 //    where no key is seen, and on the padding rows, so that P = 0 there), and the row's dQ
 //    accumulator zeroed.
 // 2. bwd_kernel: one CTA per (key block, KV head, batch), warp-specialised: warpgroup 0's first
-//    thread loads (BwdMainloop::load), warpgroups 1-2 compute (BwdMainloop::mma) and store dK, dV.
-// 3. bwd_postprocess_kernel: dQ = softmax_scale * accumulator, converted and stored.
+//    thread loads (BwdMainloop::load) and its second warp adds each step's dQ into the accumulator
+//    (write_dq), warpgroups 1-2 compute (BwdMainloop::mma) and store dK, dV.
+// 3. bwd_postprocess_kernel: dQ = softmax_scale * accumulator, from the fragment order the main
+//    kernel adds it in, converted and stored.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -69,8 +71,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(__grid_consta
   __syncthreads();
   const Mainloop mainloop(kp, storage);
   if (cutlass::canonical_warp_group_idx() == 0) {
+    // Warp 0 loads (one thread), warp 1 writes dQ; the others have nothing to do.
     cutlass::arch::warpgroup_reg_dealloc<Traits::kConfig.producer_regs>();
-    if (cutlass::canonical_warp_idx_sync() != 0 || !cute::elect_one_sync()) return;
+    const int warp = cutlass::canonical_warp_idx_sync();
+    if (warp == 1) mainloop.write_dq(tile);
+    if (warp != 0 || !cute::elect_one_sync()) return;
     mainloop.load(tile);
     return;
   }
@@ -79,23 +84,30 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(__grid_consta
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 }
 
-// Grid (padded rows / 64, nheads, batch), 256 threads: 8 columns a thread at a time.
-template <class Element, int kHeadDim>
-__global__ void __launch_bounds__(256) bwd_postprocess_kernel(const BwdParams p, const float* dq_accum,
-                                                              int padded_rows) {
-  const int m0 = int(blockIdx.x) * 64, head = int(blockIdx.y), batch = int(blockIdx.z);
+// Grid (padded rows / BLK_M, nheads, batch), one thread per MMA thread of the main kernel: thread
+// t reads the values MMA thread t added (coalesced) and stores them where its fragment puts them.
+template <class Traits>
+__global__ void __launch_bounds__(Traits::kMmaThreads) bwd_postprocess_kernel(const BwdParams p, const float* dq_accum,
+                                                                             int padded_rows) {
+  using namespace cute;
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM, kHeadDim = Traits::kHeadDim;
+  const int m0 = int(blockIdx.x) * kBlockM, head = int(blockIdx.y), batch = int(blockIdx.z);
+  const int t = int(threadIdx.x);
   const int64_t bh = int64_t(batch) * p.nheads + head;
+  typename Traits::TiledMmaDQ mma_dq;
+  Tensor tQcQ = mma_dq.get_thread_slice(t).partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  const float2* acc = reinterpret_cast<const float2*>(dq_accum + (bh * padded_rows + m0) * kHeadDim) + t;
   Element* dq = static_cast<Element*>(p.dq) + batch * p.dq_batch_stride + head * p.dq_head_stride;
-  constexpr int kChunks = kHeadDim / 8;
-  for (int i = int(threadIdx.x); i < 64 * kChunks; i += 256) {
-    const int row = m0 + i / kChunks, c = i % kChunks * 8;
-    if (row >= p.seqlen_q || c >= p.head_dim) continue;
-    const float4* a = reinterpret_cast<const float4*>(dq_accum + (bh * padded_rows + row) * kHeadDim + c);
-    const float4 x = a[0], y = a[1];
-    const float s = p.softmax_scale;
-    Element out[8] = {Element(x.x * s), Element(x.y * s), Element(x.z * s), Element(x.w * s),
-                      Element(y.x * s), Element(y.y * s), Element(y.z * s), Element(y.w * s)};
-    *reinterpret_cast<uint4*>(dq + row * p.dq_row_stride + c) = *reinterpret_cast<const uint4*>(out);
+  const float s = p.softmax_scale;
+  CUTE_UNROLL
+  for (int i = 0; i < size(tQcQ); i += 2) {
+    const int row = m0 + get<0>(tQcQ(i)), col = get<1>(tQcQ(i));
+    const float2 x = acc[i / 2 * Traits::kMmaThreads];
+    if (row < p.seqlen_q && col < p.head_dim) {
+      Element pair[2] = {Element(x.x * s), Element(x.y * s)};
+      *reinterpret_cast<uint32_t*>(dq + row * p.dq_row_stride + col) = *reinterpret_cast<const uint32_t*>(pair);
+    }
   }
 }
 

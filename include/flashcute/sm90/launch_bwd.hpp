@@ -65,7 +65,7 @@ Status launch_bwd(const BwdParams& params, cudaStream_t stream) {
                   unsigned(p.batch));
   kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(kp);
   FLASHCUTE_CUDA_CHECK(cudaGetLastError());
-  bwd_postprocess_kernel<Element, kHeadDim><<<grid_rows, 256, 0, stream>>>(p, dq_accum, padded);
+  bwd_postprocess_kernel<Traits><<<grid_rows, Traits::kMmaThreads, 0, stream>>>(p, dq_accum, padded);
   FLASHCUTE_CUDA_CHECK(cudaGetLastError());
   return Status::success();
 }

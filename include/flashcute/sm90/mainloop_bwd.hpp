@@ -38,10 +38,22 @@ CUTE_HOST_DEVICE BwdTile bwd_tile(const BwdParams& p, const KeyMask& keys, int n
   return t;
 }
 
-// Named barrier of the two MMA warpgroups: both halves of dS are in shared memory.
+// Named barriers: kDsReady, both MMA warpgroups' halves of dS are in shared memory (256
+// threads); kDqFull / kDqEmpty, the MMA threads have written a step's dQ to shared memory / the
+// writer warp has read it out (256 + 32 threads).
 struct BwdBarriers {
   static constexpr uint32_t kDsReady = 0;
+  static constexpr uint32_t kDqFull = 1;
+  static constexpr uint32_t kDqEmpty = 2;
 };
+
+// dst[0, bytes) += src[0, bytes), fp32, by the TMA unit (one thread; commit and wait as for a
+// TMA store: cute::tma_store_arrive / tma_store_wait).
+CUTE_DEVICE void bulk_reduce_add(float* dst, const float* src, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(dst),
+               "r"(cute::cast_smem_ptr_to_uint(src)), "r"(bytes)
+               : "memory");
+}
 
 template <class Traits>
 struct BwdMainloop {
@@ -105,6 +117,32 @@ struct BwdMainloop {
     }
   }
 
+  // The dQ writer, one warp: each step's dQ from shared memory into the global accumulator.
+  CUTE_DEVICE void write_dq(const BwdTile& tile) const {
+    using cutlass::arch::NamedBarrier;
+    const BwdParams& p = kp.params;
+    const int group = p.nheads / p.nheads_k;
+    constexpr int kThreads = Traits::kMmaThreads + 32;
+    constexpr uint32_t kBytes = kBlockM * kHeadDim * sizeof(float);
+    const bool leader = cute::elect_one_sync();
+    NamedBarrier::arrive(kThreads, BwdBarriers::kDqEmpty);  // the buffer starts empty
+    for (int g = 0; g < group; ++g) {
+      const int64_t bh = int64_t(tile.batch) * p.nheads + tile.head_k * group + g;
+      float* dq_accum = kp.dq_accum + bh * kp.padded_rows * kHeadDim;
+      for (int m = tile.m_first; m < tile.m_last; ++m) {
+        NamedBarrier::sync(kThreads, BwdBarriers::kDqFull);
+        if (leader) {
+          bulk_reduce_add(dq_accum + int64_t(m) * kBlockM * kHeadDim, storage.dq.data(), kBytes);
+          cute::tma_store_arrive();
+          cute::tma_store_wait<0>();  // shared memory read: the buffer may be rewritten
+        }
+        __syncwarp();
+        NamedBarrier::arrive(kThreads, BwdBarriers::kDqEmpty);
+      }
+    }
+    if (leader) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+  }
+
   // The MMA warpgroups (mma_tid in [0, 256)): the whole tile, then dK and dV stored.
   CUTE_DEVICE void mma(const BwdTile& tile, const KeyMask& keys, int mma_tid) const {
     using namespace cute;
@@ -154,7 +192,8 @@ struct BwdMainloop {
     Tensor tQrdS = thr_dq.partition_fragment_A(sdS);  // (MMA,MMA_M,MMA_K,2)
     Tensor tQrKt = thr_dq.partition_fragment_B(sKt);  // (MMA,MMA_D,MMA_K)
     Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});  // ((2,2,D/16),1,1)
-    Tensor tQcQ = thr_dq.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+    using cutlass::arch::NamedBarrier;
+    constexpr int kDqThreads = Traits::kMmaThreads + 32;
 
     clear(acc_dv);
     clear(acc_dk);
@@ -168,7 +207,6 @@ struct BwdMainloop {
       const int64_t bh = int64_t(tile.batch) * p.nheads + head;
       const float* dpsum = kp.dpsum + bh * kp.padded_rows;
       const float* lse2 = kp.lse2 + bh * kp.padded_rows;
-      float* dq_accum = kp.dq_accum + bh * kp.padded_rows * kHeadDim;
       for (int m = tile.m_first; m < tile.m_last; ++m, ++st, ds_buf ^= 1) {
         const int m0 = m * kBlockM;
         // This thread's queries' lse and D (the workspace has whole blocks of rows).
@@ -210,15 +248,16 @@ struct BwdMainloop {
         wgmma_gemm<true, false>(mma_dq, tQrdS(_, _, _, ds_buf), tQrKt, acc_dq);
         warpgroup_wait<0>();  // dV, dK and dQ are done: the step's Q and dO are free
         qdo_pipe.consumer_release(st);
-        // dQ (unscaled) added into the accumulator, two columns per atomic.
+        // dQ (unscaled) to shared memory in fragment order, for the writer warp.
+        NamedBarrier::sync(kDqThreads, BwdBarriers::kDqEmpty);
+        float2* dq_smem = reinterpret_cast<float2*>(storage.dq.data()) + mma_tid;
         CUTE_UNROLL
-        for (int i = 0; i < size(acc_dq); i += 2) {
-          const int row = m0 + get<0>(tQcQ(i)), col = get<1>(tQcQ(i));
-          atomicAdd(reinterpret_cast<float2*>(dq_accum + int64_t(row) * kHeadDim + col),
-                    make_float2(acc_dq(i), acc_dq(i + 1)));
-        }
+        for (int i = 0; i < size(acc_dq); i += 2) dq_smem[i / 2 * Traits::kMmaThreads] = make_float2(acc_dq(i), acc_dq(i + 1));
+        cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by the bulk reduce
+        NamedBarrier::arrive(kDqThreads, BwdBarriers::kDqFull);
       }
     }
+    NamedBarrier::sync(kDqThreads, BwdBarriers::kDqEmpty);  // the writer's last arrival
     store_dkv(tile, thr_kv, acc_dk, acc_dv);
   }
 

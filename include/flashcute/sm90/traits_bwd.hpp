@@ -96,6 +96,9 @@ struct BwdTraits {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> q;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> dout;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutDS>, 1024> ds;
+    // A step's dQ, fp32 in the MMA threads' fragment order (value pair p of MMA thread t at
+    // 2 (p 256 + t)), which the writer warp adds into the global accumulator as it lies.
+    cute::array_aligned<float, kBlockM * kHeadDim, 128> dq;
     PipelineBarriers<kStages> qdo_bar;  // a step's Q and dO, one barrier pair per buffer
     uint64_t kv_full;                   // the CTA's K and V, loaded once
   };
@@ -109,7 +112,9 @@ struct BwdKernelParams {
   BwdParams params;
   const float* dpsum;  // (batch, nheads, padded rows): D = rowsum(dO o O)
   const float* lse2;   // (batch, nheads, padded rows): lse * log2(e); +inf on rows no key reaches
-  float* dq_accum;     // (batch, nheads, padded rows, kernel head dim), zeroed by the preprocess
+  // (batch, nheads, padded rows / BLK_M, BLK_M x kernel head dim), zeroed by the preprocess; each
+  // block of rows in the fragment order of SharedStorage::dq (the postprocess reorders it).
+  float* dq_accum;
   int padded_rows;
   typename Traits::TmaQ tma_q;
   typename Traits::TmaQ tma_do;
