@@ -1,6 +1,9 @@
 // Host-only tests of plan_bwd and run_bwd.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <string>
+
 #include "flashcute/host/api.hpp"
 #include "host_util.hpp"
 
@@ -64,6 +67,81 @@ TEST(PlanBwd, RejectsEachNewArgumentByName) {
   a = good_bwd_args();
   a.lse.shape[2] = 7;
   expect_error(flashcute::plan_bwd(a, p), StatusCode::kInvalidArgument, "lse", "float32 (batch, nheads, seqlen_q)");
+}
+
+// ------------------------------------------------------------------------- the sm90 backward's plan
+
+TEST(PlanBwd, Sm90WorkspaceIsPaddedRowsTimesHeadDimPlusTwo) {
+  EXPECT_EQ(flashcute::sm90::bwd_padded_rows(1), 64);
+  EXPECT_EQ(flashcute::sm90::bwd_padded_rows(64), 64);
+  EXPECT_EQ(flashcute::sm90::bwd_padded_rows(65), 128);
+  EXPECT_EQ(flashcute::sm90::bwd_workspace_floats(2, 8, 100, 128), 2 * 8 * 128 * 130);
+  EXPECT_EQ(flashcute::sm90::bwd_workspace_floats(0, 8, 100, 64), 0);
+}
+
+// plan_bwd names the sm90 kernel where the build has one for the call's dtype and head dim, the
+// workspace is the sm90 size and sm90_bwd_can_run; the sm80 kernel stays the plan's kernel.
+TEST(PlanBwd, NamesTheSm90KernelWhereItCanRun) {
+  const int hd = flashcute::kernel_head_dim(built_head_dim(), built_dtype(), flashcute::Direction::kBwd,
+                                            flashcute::Arch::kSm90);
+  flashcute::BwdArgs a = good_bwd_args();
+  a.workspace.shape[0] = flashcute::sm90::bwd_workspace_floats(2, 8, 100, 128);
+  flashcute::BwdPlan p;
+  const Status st = flashcute::plan_bwd(a, p);
+  if (flashcute::kernel_head_dim(built_head_dim(), built_dtype(), flashcute::Direction::kBwd) == 0) {
+    EXPECT_EQ(st.code, StatusCode::kNotCompiled) << st.message;  // FLASHCUTE_BACKWARD=OFF
+    return;
+  }
+  ASSERT_TRUE(st.ok()) << st.message;
+  EXPECT_EQ(p.kernel.arch, flashcute::Arch::kSm80);
+  if (hd == 0) {  // no sm90 backward for this head dim, or a build without 90a
+    EXPECT_EQ(p.sm90_kernel.arch, flashcute::Arch::kSm80);
+    return;
+  }
+  EXPECT_EQ(p.sm90_kernel.arch, flashcute::Arch::kSm90);
+  EXPECT_EQ(p.sm90_kernel.direction, flashcute::Direction::kBwd);
+  EXPECT_EQ(p.sm90_kernel.head_dim, hd);
+  // The sm80 workspace is too small for it; a softcap is not implemented there yet.
+  a.workspace.shape[0] = flashcute::bwd_workspace_floats(2, 8, 100);
+  ASSERT_TRUE(flashcute::plan_bwd(a, p).ok());
+  EXPECT_EQ(p.sm90_kernel.arch, flashcute::Arch::kSm80);
+  a = good_bwd_args();
+  a.workspace.shape[0] = flashcute::sm90::bwd_workspace_floats(2, 8, 100, 128);
+  a.softcap = 5.f;
+  ASSERT_TRUE(flashcute::plan_bwd(a, p).ok());
+  EXPECT_EQ(p.sm90_kernel.arch, flashcute::Arch::kSm80);
+}
+
+TEST(PlanBwd, Sm90CanRunSaysWhyNot) {
+  flashcute::BwdParams p;
+  p.batch = 1, p.seqlen_q = 10, p.seqlen_k = 10, p.nheads = 1, p.nheads_k = 1, p.head_dim = 64;
+  p.q_row_stride = p.k_row_stride = p.v_row_stride = 64;
+  EXPECT_EQ(flashcute::sm90_bwd_can_run(p), nullptr);
+  p.softcap = 1.f;
+  EXPECT_STREQ(flashcute::sm90_bwd_can_run(p), "softcap");
+  p.softcap = 0.f;
+  p.dq_row_stride = 68;  // not a multiple of 16 bytes
+  EXPECT_NE(std::string(flashcute::sm90_bwd_can_run(p)).find("dq"), std::string::npos);
+  p.dq_row_stride = 64;
+  p.dk_head_stride = 3;
+  EXPECT_NE(std::string(flashcute::sm90_bwd_can_run(p)).find("dk"), std::string::npos);
+  p.dk_head_stride = 0;
+  p.seqlen_q = 0;
+  EXPECT_STREQ(flashcute::sm90_bwd_can_run(p), "no queries");
+}
+
+TEST(PlanBwd, BackwardPathSettingIsReadFromTheEnvironment) {
+  flashcute::BackwardPath path;
+  unsetenv("FLASHCUTE_BACKWARD_PATH");
+  ASSERT_TRUE(flashcute::backward_path_setting(path).ok());
+  EXPECT_EQ(path, flashcute::BackwardPath::kSm80);  // opt-in for now
+  setenv("FLASHCUTE_BACKWARD_PATH", "sm90", 1);
+  ASSERT_TRUE(flashcute::backward_path_setting(path).ok());
+  EXPECT_EQ(path, flashcute::BackwardPath::kSm90);
+  setenv("FLASHCUTE_BACKWARD_PATH", "hopper", 1);
+  expect_error(flashcute::backward_path_setting(path), StatusCode::kInvalidArgument, "FLASHCUTE_BACKWARD_PATH",
+               "auto, sm80 or sm90");
+  unsetenv("FLASHCUTE_BACKWARD_PATH");
 }
 
 TEST(RunBwd, ValidatesBeforeTouchingCuda) {

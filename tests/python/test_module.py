@@ -249,3 +249,17 @@ def test_namespace_is_the_public_api():
             for p in [*sig.parameters.values(), sig]:
                 ann = p.annotation if isinstance(p, inspect.Parameter) else p.return_annotation
                 assert not isinstance(ann, str), (name, ann)
+
+
+def test_bwd_workspace_floats_sizes_for_the_path_a_call_may_take():
+    # The sm80 backward's D; with head_dim and dtype, the sm90 backward's (D, the log2 lse and the
+    # fp32 dQ accumulator over rows padded to 64) where a compute capability 9.0 device may run it.
+    assert _C.bwd_workspace_floats(2, 8, 100) == 2 * 8 * 100
+    n = _C.bwd_workspace_floats(2, 8, 100, 128, "bfloat16")
+    if _C.cuda_device_count() == 0 or ("sm90", "bwd", "bfloat16", 128) not in _C.compiled_kernels():
+        assert n == 2 * 8 * 100
+        return
+    torch = pytest.importorskip("torch")
+    sm90 = torch.cuda.get_device_capability() == (9, 0)
+    assert n == (2 * 8 * 128 * (128 + 2) if sm90 else 2 * 8 * 100)
+
