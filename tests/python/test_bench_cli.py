@@ -689,6 +689,18 @@ def test_point_line_and_table():
     assert rows[1][-1].startswith("FAIL")
 
 
+def test_a_variant_of_flashcute_is_checked_like_it():
+    # Timed without "flashcute", a variant's check is the point's; a variant's failure fails the run.
+    bad = _result(2048, 4.0, 2.0, passed=False)
+    bad.impls = {"flashcute-sm90bwd": bad.impls["flashcute"], "sdpa-flash": bad.impls["sdpa-flash"]}
+    assert bad.subject is bad.impls["flashcute-sm90bwd"] and bad.failed
+    assert report.point_line(bad, ["flashcute-sm90bwd", "sdpa-flash"]).endswith("[check FAIL nan<=2.0e-02]")
+    ok = _result(2048, 1.0, 2.0)
+    ok.impls["flashcute-sm80"] = ImplResult("fail", [1.0] * 3, note="out: max error nan")
+    assert ok.subject is ok.impls["flashcute"] and ok.failed
+    assert not _result(2048, 1.0, 2.0).failed
+
+
 def test_plain_console_table(capsys):
     console = report.Console()
     console.rich = None  # what it is without rich

@@ -26,6 +26,12 @@ from .grid import Point
 SUBJECT = "flashcute"  # the implementation under test: its errors and wrong results fail the run
 
 
+def is_own(name: str) -> bool:
+    """Whether an implementation is flashcute's (the subject or a variant of it, "flashcute-sm80"):
+    its errors and wrong results fail the run too."""
+    return name == SUBJECT or name.startswith(SUBJECT + "-")
+
+
 def _same(out: Any) -> Any:
     return out
 

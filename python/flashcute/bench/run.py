@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from .arrays import ArrayLib, Inputs, Unsupported
 from .check import check_gradients, check_output
 from .grid import Point
-from .impls import SUBJECT, Impl, Runner
+from .impls import Impl, Runner, is_own
 from .results import ERROR, FAIL, NOT_AVAILABLE, OK, ImplResult, PointResult
 from .timing import Subject, Timing, input_sets_needed, time_subjects
 
@@ -56,7 +56,7 @@ def _failure(impl: Impl, lib: ArrayLib, exc: BaseException) -> ImplResult:
         return ImplResult(NOT_AVAILABLE, note=str(exc))
     if lib.is_oom(exc):
         return ImplResult(NOT_AVAILABLE, note="out of memory")
-    under_test = impl.name == SUBJECT and not impl.is_unsupported_error(exc)
+    under_test = is_own(impl.name) and not impl.is_unsupported_error(exc)
     return ImplResult(ERROR if under_test else NOT_AVAILABLE, note=short_error(exc))
 
 
@@ -89,7 +89,7 @@ def run_impls(
         if impl.name in timed.errors:
             results[impl.name] = _failure(impl, lib, timed.errors[impl.name])
             continue
-        status = FAIL if impl.name == SUBJECT and not check.ok else OK
+        status = FAIL if is_own(impl.name) and not check.ok else OK
         results[impl.name] = ImplResult(status, timed.times_ms[impl.name], note=check.message if status == FAIL else "",
                                         layout=runner.layout, check=check, check_scope=scope)
     return {impl.name: results[impl.name] for impl in impls}
