@@ -98,7 +98,8 @@ def last_backward_path() -> str:
 
     The Hopper backward is opt-in for now: ``FLASHCUTE_BACKWARD_PATH=sm90`` in the environment runs
     a call on it on a compute capability 9.0 GPU where the build has it (head dims up to 128, no
-    softcap, a fixed-length batch, strides TMA can read); ``auto`` (the default) or ``sm80`` keep the
+    softcap, a fixed-length batch, strides TMA can read, not ``deterministic=True``: its dQ adds
+    land in any order); ``auto`` (the default) or ``sm80`` keep the
     mma.sync backward; any other value is a ValueError naming the variable. A diagnostic, like
     :func:`last_forward_path`.
     """

@@ -110,6 +110,11 @@ TEST(PlanBwd, NamesTheSm90KernelWhereItCanRun) {
   a.softcap = 5.f;
   ASSERT_TRUE(flashcute::plan_bwd(a, p).ok());
   EXPECT_EQ(p.sm90_kernel.arch, flashcute::Arch::kSm80);
+  // Its dQ adds land in any order: a deterministic call keeps the sm80 kernels.
+  a.softcap = 0.f;
+  a.deterministic = true;
+  ASSERT_TRUE(flashcute::plan_bwd(a, p).ok());
+  EXPECT_EQ(p.sm90_kernel.arch, flashcute::Arch::kSm80);
 }
 
 TEST(PlanBwd, Sm90CanRunSaysWhyNot) {

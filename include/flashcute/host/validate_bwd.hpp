@@ -26,7 +26,9 @@ struct BwdArgs : AttnOptions {  // the forward's options, exactly
   MutableTensorRef dv;  // like v
   // float32, at least bwd_workspace_floats() elements, 16-byte aligned: D = rowsum(dout * out).
   MutableTensorRef workspace;
-  bool deterministic = false;  // every backward is deterministic today (sm80/kernel_bwd.hpp)
+  // Same bits on every run: the sm80 backward always is (sm80/kernel_bwd.hpp); the sm90 one is not
+  // yet, so a deterministic call never takes it.
+  bool deterministic = false;
   // Set: a variable-length batch (VarlenArgs): every array has no batch dim, lse is
   // (nheads, total_q), and the workspace holds bwd_workspace_floats(1, nheads, total_q).
   std::optional<VarlenArgs> varlen;
@@ -157,7 +159,8 @@ inline Status plan_bwd(const BwdArgs& a, BwdPlan& plan) {
   b.dv_batch_stride = kstride(dv, 0), b.dv_row_stride = kstride(dv, 1), b.dv_head_stride = kstride(dv, 2);
   if (a.varlen) b.do_batch_stride = b.dq_batch_stride = b.dk_batch_stride = b.dv_batch_stride = 0;
   const int sm90_hd = kernel_head_dim(p.head_dim, a.q.dtype, Direction::kBwd, Arch::kSm90);
-  if (sm90_hd > 0 && !a.varlen && sm90_bwd_can_run(b) == nullptr &&
+  // (The sm90 backward adds dQ in arrival order: a deterministic call stays on the sm80 kernels.)
+  if (sm90_hd > 0 && !a.varlen && !a.deterministic && sm90_bwd_can_run(b) == nullptr &&
       a.workspace.numel() >= sm90::bwd_workspace_floats(p.batch, p.nheads, p.seqlen_q, sm90_hd) &&
       reinterpret_cast<uintptr_t>(a.workspace.data) % 16 == 0)
     plan.sm90_kernel = KernelKey{Arch::kSm90, Direction::kBwd, a.q.dtype, sm90_hd};
