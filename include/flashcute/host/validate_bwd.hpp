@@ -160,9 +160,9 @@ inline Status plan_bwd(const BwdArgs& a, BwdPlan& plan) {
   if (a.varlen) b.do_batch_stride = b.dq_batch_stride = b.dk_batch_stride = b.dv_batch_stride = 0;
   const int sm90_hd = kernel_head_dim(p.head_dim, a.q.dtype, Direction::kBwd, Arch::kSm90);
   // (The sm90 backward adds dQ in arrival order: a deterministic call stays on the sm80 kernels.)
-  if (sm90_hd > 0 && !a.varlen && !a.deterministic && sm90_bwd_can_run(b) == nullptr &&
-      a.workspace.numel() >= sm90::bwd_workspace_floats(p.batch, p.nheads, p.seqlen_q, sm90_hd) &&
-      reinterpret_cast<uintptr_t>(a.workspace.data) % 16 == 0)
+  // (sm90_bwd_can_run refuses varlen; the workspace's 16-byte alignment is checked above.)
+  if (sm90_hd > 0 && !a.deterministic && sm90_bwd_can_run(b) == nullptr &&
+      a.workspace.numel() >= sm90::bwd_workspace_floats(p.batch, p.nheads, p.seqlen_q, sm90_hd))
     plan.sm90_kernel = KernelKey{Arch::kSm90, Direction::kBwd, a.q.dtype, sm90_hd};
   return Status::success();
 }

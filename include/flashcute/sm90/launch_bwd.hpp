@@ -38,15 +38,14 @@ Status launch_bwd(const BwdParams& params, cudaStream_t stream) {
   bwd_preprocess_kernel<Element, kHeadDim><<<grid_rows, 256, 0, stream>>>(p, dpsum, lse2, dq_accum, padded);
   FLASHCUTE_CUDA_CHECK(cudaGetLastError());
 
-  auto gmem = [](const void* ptr, int rows_, int heads, int64_t row_stride, int64_t head_stride, int64_t batch_stride,
-                 const BwdParams& q) {
-    return make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)), make_shape(rows_, q.head_dim, heads, q.batch),
+  auto gmem = [&](const void* ptr, int rows_, int heads, int64_t row_stride, int64_t head_stride, int64_t batch_stride) {
+    return make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)), make_shape(rows_, p.head_dim, heads, p.batch),
                        make_stride(tma_stride(row_stride), _1{}, tma_stride(head_stride), tma_stride(batch_stride)));
   };
-  auto q = gmem(p.q, p.seqlen_q, p.nheads, p.q_row_stride, p.q_head_stride, p.q_batch_stride, p);       // (Sq,d,H,B)
-  auto dout = gmem(p.dout, p.seqlen_q, p.nheads, p.do_row_stride, p.do_head_stride, p.do_batch_stride, p);
-  auto k = gmem(p.k, p.seqlen_k, p.nheads_k, p.k_row_stride, p.k_head_stride, p.k_batch_stride, p);    // (Sk,d,Hk,B)
-  auto v = gmem(p.v, p.seqlen_k, p.nheads_k, p.v_row_stride, p.v_head_stride, p.v_batch_stride, p);
+  auto q = gmem(p.q, p.seqlen_q, p.nheads, p.q_row_stride, p.q_head_stride, p.q_batch_stride);  // (Sq,d,H,B)
+  auto dout = gmem(p.dout, p.seqlen_q, p.nheads, p.do_row_stride, p.do_head_stride, p.do_batch_stride);
+  auto k = gmem(p.k, p.seqlen_k, p.nheads_k, p.k_row_stride, p.k_head_stride, p.k_batch_stride);  // (Sk,d,Hk,B)
+  auto v = gmem(p.v, p.seqlen_k, p.nheads_k, p.v_row_stride, p.v_head_stride, p.v_batch_stride);
   const BwdKernelParams<Traits> kp{
       p,
       dpsum,

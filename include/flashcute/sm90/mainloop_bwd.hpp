@@ -38,15 +38,6 @@ CUTE_HOST_DEVICE BwdTile bwd_tile(const BwdParams& p, const KeyMask& keys, int n
   return t;
 }
 
-// Named barriers: kDsReady, both MMA warpgroups' halves of dS are in shared memory (256
-// threads); kDqFull / kDqEmpty, the MMA threads have written a step's dQ to shared memory / the
-// writer warp has read it out (256 + 32 threads).
-struct BwdBarriers {
-  static constexpr uint32_t kDsReady = 0;
-  static constexpr uint32_t kDqFull = 1;
-  static constexpr uint32_t kDqEmpty = 2;
-};
-
 // dst[0, bytes) += src[0, bytes), fp32, by the TMA unit (one thread; commit and wait as for a
 // TMA store: cute::tma_store_arrive / tma_store_wait).
 CUTE_DEVICE void bulk_reduce_add(float* dst, const float* src, uint32_t bytes) {
@@ -125,19 +116,19 @@ struct BwdMainloop {
     constexpr int kThreads = Traits::kMmaThreads + 32;
     constexpr uint32_t kBytes = kBlockM * kHeadDim * sizeof(float);
     const bool leader = cute::elect_one_sync();
-    NamedBarrier::arrive(kThreads, BwdBarriers::kDqEmpty);  // the buffer starts empty
+    NamedBarrier::arrive(kThreads, NamedBarriers::kBwdDqEmpty);  // the buffer starts empty
     for (int g = 0; g < group; ++g) {
       const int64_t bh = int64_t(tile.batch) * p.nheads + tile.head_k * group + g;
       float* dq_accum = kp.dq_accum + bh * kp.padded_rows * kHeadDim;
       for (int m = tile.m_first; m < tile.m_last; ++m) {
-        NamedBarrier::sync(kThreads, BwdBarriers::kDqFull);
+        NamedBarrier::sync(kThreads, NamedBarriers::kBwdDqFull);
         if (leader) {
           bulk_reduce_add(dq_accum + int64_t(m) * kBlockM * kHeadDim, storage.dq.data(), kBytes);
           cute::tma_store_arrive();
           cute::tma_store_wait<0>();  // shared memory read: the buffer may be rewritten
         }
         __syncwarp();
-        NamedBarrier::arrive(kThreads, BwdBarriers::kDqEmpty);
+        NamedBarrier::arrive(kThreads, NamedBarriers::kBwdDqEmpty);
       }
     }
     if (leader) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
@@ -244,20 +235,20 @@ struct BwdMainloop {
         CUTE_UNROLL
         for (int i = 0; i < size(rdS); ++i) tSsdSt_buf(i) = rdS(i);
         cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by wgmma (async proxy)
-        cutlass::arch::NamedBarrier::sync(Traits::kMmaThreads, BwdBarriers::kDsReady);
+        NamedBarrier::sync(Traits::kMmaThreads, NamedBarriers::kBwdDsReady);
         wgmma_gemm<true, false>(mma_dq, tQrdS(_, _, _, ds_buf), tQrKt, acc_dq);
         warpgroup_wait<0>();  // dV, dK and dQ are done: the step's Q and dO are free
         qdo_pipe.consumer_release(st);
         // dQ (unscaled) to shared memory in fragment order, for the writer warp.
-        NamedBarrier::sync(kDqThreads, BwdBarriers::kDqEmpty);
+        NamedBarrier::sync(kDqThreads, NamedBarriers::kBwdDqEmpty);
         float2* dq_smem = reinterpret_cast<float2*>(storage.dq.data()) + mma_tid;
         CUTE_UNROLL
         for (int i = 0; i < size(acc_dq); i += 2) dq_smem[i / 2 * Traits::kMmaThreads] = make_float2(acc_dq(i), acc_dq(i + 1));
         cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by the bulk reduce
-        NamedBarrier::arrive(kDqThreads, BwdBarriers::kDqFull);
+        NamedBarrier::arrive(kDqThreads, NamedBarriers::kBwdDqFull);
       }
     }
-    NamedBarrier::sync(kDqThreads, BwdBarriers::kDqEmpty);  // the writer's last arrival
+    NamedBarrier::sync(kDqThreads, NamedBarriers::kBwdDqEmpty);  // the writer's last arrival
     store_dkv(tile, thr_kv, acc_dk, acc_dv);
   }
 

@@ -21,6 +21,12 @@ struct NamedBarriers {
   // Both consumer warpgroups (256 threads) have read the V buffer the o_via_v epilogue stages O in;
   // configs with o_via_v have two consumer warpgroups, so kWarpgroup + 3 is free.
   static constexpr uint32_t kVBufferFree = 5;
+  // The backward (its own kernel, so its ids may repeat the forward's): kBwdDsReady, both MMA
+  // warpgroups' halves of dS are in shared memory (256 threads); kBwdDqFull / kBwdDqEmpty, the MMA
+  // threads have written a step's dQ to shared memory / the writer warp has read it out (256 + 32).
+  static constexpr uint32_t kBwdDsReady = 0;
+  static constexpr uint32_t kBwdDqFull = 1;
+  static constexpr uint32_t kBwdDqEmpty = 2;
 };
 
 // A position in a ring of kStages buffers, counted in loads from zero: buffer count % kStages,
