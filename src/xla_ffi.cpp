@@ -94,9 +94,9 @@ ffi::Error bwd_impl(cudaStream_t stream, ffi::AnyBuffer dout, ffi::AnyBuffer q, 
                     ffi::AnyBuffer out, ffi::AnyBuffer lse, ffi::Result<ffi::AnyBuffer> dq,
                     ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
                     ffi::Result<ffi::AnyBuffer> workspace, float softmax_scale, bool causal, int64_t window_left,
-                    int64_t window_right, float softcap) {
+                    int64_t window_right, float softcap, bool deterministic) {
   return run(stream, [&](XlaBuffers& s, flashcute::BwdArgs& a) {
-    return flashcute_ext::bwd_args(s, a, options(softmax_scale, causal, window_left, window_right, softcap), false,
+    return flashcute_ext::bwd_args(s, a, options(softmax_scale, causal, window_left, window_right, softcap), deterministic,
                                    &dout, &q, &k, &v, &out, &lse, &dq, &dk, &dv, &workspace, nullptr, nullptr, 0, 0);
   }, &flashcute::plan_bwd);
 }
@@ -118,9 +118,9 @@ ffi::Error varlen_bwd_impl(cudaStream_t stream, ffi::AnyBuffer dout, ffi::AnyBuf
                            ffi::AnyBuffer cu_k, ffi::Result<ffi::AnyBuffer> dq, ffi::Result<ffi::AnyBuffer> dk,
                            ffi::Result<ffi::AnyBuffer> dv, ffi::Result<ffi::AnyBuffer> workspace, float softmax_scale,
                            bool causal, int64_t window_left, int64_t window_right, float softcap,
-                           int64_t max_seqlen_q, int64_t max_seqlen_k) {
+                           int64_t max_seqlen_q, int64_t max_seqlen_k, bool deterministic) {
   return run(stream, [&](XlaBuffers& s, flashcute::BwdArgs& a) {
-    return flashcute_ext::bwd_args(s, a, options(softmax_scale, causal, window_left, window_right, softcap), false,
+    return flashcute_ext::bwd_args(s, a, options(softmax_scale, causal, window_left, window_right, softcap), deterministic,
                                    &dout, &q, &k, &v, &out, &lse, &dq, &dk, &dv, &workspace, &cu_q, &cu_k,
                                    max_seqlen_q, max_seqlen_k);
   }, &flashcute::plan_bwd);
@@ -175,14 +175,17 @@ auto with_varlen_options(Binding&& binding) {
 // q, k, v -> out, lse
 XLA_FFI_DEFINE_HANDLER_SYMBOL(flashcute_xla_fwd, fwd_impl, with_options(buffers<3, 2>()),
                               {ffi::Traits::kCmdBufferCompatible});
-// dout, q, k, v, out, lse -> dq, dk, dv, workspace (float32, D = rowsum(dout * out))
-XLA_FFI_DEFINE_HANDLER_SYMBOL(flashcute_xla_bwd, bwd_impl, with_options(buffers<6, 4>()),
+// dout, q, k, v, out, lse -> dq, dk, dv, workspace (float32, D = rowsum(dout * out)); the options,
+// then deterministic
+XLA_FFI_DEFINE_HANDLER_SYMBOL(flashcute_xla_bwd, bwd_impl,
+                              with_options(buffers<6, 4>()).Attr<bool>("deterministic"),
                               {ffi::Traits::kCmdBufferCompatible});
 // q (total_q, nheads, headdim), k, v, cu_seqlens_q, cu_seqlens_k -> out, lse (nheads, total_q)
 XLA_FFI_DEFINE_HANDLER_SYMBOL(flashcute_xla_varlen_fwd, varlen_fwd_impl, with_varlen_options(buffers<5, 2>()),
                               {ffi::Traits::kCmdBufferCompatible});
 // dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k -> dq, dk, dv, workspace
-XLA_FFI_DEFINE_HANDLER_SYMBOL(flashcute_xla_varlen_bwd, varlen_bwd_impl, with_varlen_options(buffers<8, 4>()),
+XLA_FFI_DEFINE_HANDLER_SYMBOL(flashcute_xla_varlen_bwd, varlen_bwd_impl,
+                              with_varlen_options(buffers<8, 4>()).Attr<bool>("deterministic"),
                               {ffi::Traits::kCmdBufferCompatible});
 // out_a, lse_a, out_b, lse_b -> out, lse
 XLA_FFI_DEFINE_HANDLER_SYMBOL(flashcute_xla_merge, merge_impl, (buffers<4, 2>()), {ffi::Traits::kCmdBufferCompatible});

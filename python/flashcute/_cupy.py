@@ -53,15 +53,16 @@ def _run_fwd(q: Any, k: Any, v: Any, out: Any, lse_shape: Optional[Tuple[int, ..
 
 
 def flash_attn(q: Any, k: Any, v: Any, out: Any, return_lse: bool, stream: Optional[int],
-               options: tuple) -> Tuple[Any, Any]:
-    """flash_attn_func's CuPy path."""
+               options: tuple, deterministic: bool = False) -> Tuple[Any, Any]:
+    """flash_attn_func's CuPy path (deterministic: for a backward; CuPy has no autograd)."""
     # Of another rank, q is refused by the validation, which needs no lse to say so.
     lse_shape = (q.shape[0], q.shape[2], q.shape[1]) if return_lse and q.ndim == 4 else None
     return _run_fwd(q, k, v, out, lse_shape, stream, options)
 
 
 def flash_attn_varlen(q: Any, k: Any, v: Any, cu_q: Any, cu_k: Any, max_q: int, max_k: int, out: Any,
-                      return_lse: bool, stream: Optional[int], options: tuple) -> Tuple[Any, Any]:
+                      return_lse: bool, stream: Optional[int], options: tuple,
+                      deterministic: bool = False) -> Tuple[Any, Any]:
     """flash_attn_varlen_func's CuPy path (eager, forward only)."""
     lse_shape = (q.shape[1], q.shape[0]) if return_lse and q.ndim == 3 else None
     return _run_fwd(q, k, v, out, lse_shape, stream, options, (cu_q, cu_k, max_q, max_k))

@@ -14,7 +14,7 @@ def _unsupported(what: str, x: Any) -> NoReturn:
 
 
 def flash_attn(q: Any, k: Any, v: Any, out: Any, return_lse: bool, stream: Optional[int],
-               options: tuple) -> Tuple[Any, None]:
+               options: tuple, deterministic: bool = False) -> Tuple[Any, None]:
     if out is None or return_lse:
         raise TypeError(
             f"q: flashcute allocates outputs through torch, CuPy or JAX, and q is a {_type_name(q)}; "

@@ -48,6 +48,7 @@ class Options(NamedTuple):
     window_left: int
     window_right: int
     softcap: float
+    deterministic: bool = False  # for the backward (jax.grad)
 
 
 def _register() -> None:
@@ -127,7 +128,8 @@ def _ffi_bwd(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, opts: Option
     )
     dq, dk, dv, _ = call(dout, q, k, v, out, lse, softmax_scale=np.float32(opts.softmax_scale),
                          causal=bool(opts.causal), window_left=np.int64(opts.window_left),
-                         window_right=np.int64(opts.window_right), softcap=np.float32(opts.softcap))
+                         window_right=np.int64(opts.window_right), softcap=np.float32(opts.softcap),
+                         deterministic=bool(opts.deterministic))
     return dq, dk, dv
 
 
@@ -167,9 +169,10 @@ def _attention_bwd(opts, residuals, cotangents):
 _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
-def flash_attn(q: Any, k: Any, v: Any, out: Any, return_lse: bool, stream: Any, options: tuple) -> Tuple[Any, Any]:
+def flash_attn(q: Any, k: Any, v: Any, out: Any, return_lse: bool, stream: Any, options: tuple,
+               deterministic: bool = False) -> Tuple[Any, Any]:
     """flash_attn_func's JAX path. options: (softmax_scale or None, causal, window_left, window_right,
-    softcap)."""
+    softcap); deterministic: for the backward jax.grad runs."""
     if out is not None:
         raise TypeError(
             "out: JAX arrays are immutable, so out= is not supported with JAX inputs; flash_attn_func returns a "
@@ -177,7 +180,7 @@ def flash_attn(q: Any, k: Any, v: Any, out: Any, return_lse: bool, stream: Any, 
         )
     if stream is not None:
         raise TypeError("stream: not supported with JAX inputs: flashcute runs on the stream XLA gives it")
-    opts = _validated(q, k, v, options)
+    opts = _validated(q, k, v, options)._replace(deterministic=bool(deterministic))
     _register()
     o, lse = _attention(q, k, v, opts)
     return o, (lse if return_lse else None)
@@ -229,7 +232,8 @@ def _varlen_bwd_call(opts: Options, sizes: VarlenSizes):
              jax.ShapeDtypeStruct(v.shape, v.dtype),
              jax.ShapeDtypeStruct((_C.bwd_workspace_floats(1, q.shape[1], q.shape[0]),), jnp.float32)),
         )
-        dq, dk, dv, _ = call(dout, q, k, v, out, lse, cu_q, cu_k, **_attrs(opts, sizes))
+        dq, dk, dv, _ = call(dout, q, k, v, out, lse, cu_q, cu_k, **_attrs(opts, sizes),
+                             deterministic=bool(opts.deterministic))
         return dq, dk, dv
 
     return _sequential_vmap(f, 3)
@@ -256,14 +260,14 @@ _varlen_attention.defvjp(_varlen_attention_fwd, _varlen_attention_bwd)
 
 
 def flash_attn_varlen(q: Any, k: Any, v: Any, cu_q: Any, cu_k: Any, max_q: int, max_k: int, out: Any,
-                      return_lse: bool, stream: Any, options: tuple) -> Tuple[Any, Any]:
+                      return_lse: bool, stream: Any, options: tuple, deterministic: bool = False) -> Tuple[Any, Any]:
     """flash_attn_varlen_func's JAX path."""
     if out is not None:
         raise TypeError("out: JAX arrays are immutable, so out= is not supported with JAX inputs")
     if stream is not None:
         raise TypeError("stream: not supported with JAX inputs: flashcute runs on the stream XLA gives it")
     sizes = VarlenSizes(max_q, max_k)
-    opts = _validated(q, k, v, options, (cu_q, cu_k, max_q, max_k))
+    opts = _validated(q, k, v, options, (cu_q, cu_k, max_q, max_k))._replace(deterministic=bool(deterministic))
     _register()
     if _VARLEN_TARGETS[0] not in _C.xla_ffi_targets():
         raise NotImplementedError("flashcute's JAX binding has no varlen handler in this build")

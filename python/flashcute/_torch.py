@@ -155,8 +155,9 @@ def _fwd_cuda(q: Tensor, k: Tensor, v: Tensor, softmax_scale: Optional[float], c
 
 
 def _fwd_lse_cuda(q: Tensor, k: Tensor, v: Tensor, softmax_scale: Optional[float], causal: bool, window_left: int,
-                  window_right: int, softcap: float) -> Tuple[Tensor, Tensor]:
-    """flashcute::fwd_lse: (out, lse), lse the logsumexp of each row, (batch, nheads, seqlen_q) float32."""
+                  window_right: int, softcap: float, deterministic: bool = False) -> Tuple[Tensor, Tensor]:
+    """flashcute::fwd_lse: (out, lse), lse the logsumexp of each row, (batch, nheads, seqlen_q) float32.
+    deterministic is for its backward (flash_attn_func's argument), which autograd runs with it."""
     index = _cuda_index(q, k, v)
     out = q.new_empty(q.shape)
     lse = q.new_empty(_lse_shape(q), dtype=torch.float32)
@@ -171,7 +172,7 @@ def _fwd_fake(q: Tensor, k: Tensor, v: Tensor, *options: Any) -> Tensor:
 
 
 def _fwd_lse_fake(q: Tensor, k: Tensor, v: Tensor, *options: Any) -> Tuple[Tensor, Tensor]:
-    _check_traced(q, k, v, options)
+    _check_traced(q, k, v, options[:5])  # without deterministic
     return q.new_empty(q.shape), q.new_empty(_lse_shape(q), dtype=torch.float32)
 
 
@@ -179,19 +180,20 @@ def _fwd_lse_setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
     q, k, v, *options = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
-    ctx.options = tuple(options)
+    ctx.options, ctx.deterministic = tuple(options[:5]), bool(options[5]) if len(options) > 5 else False
     ctx.mark_non_differentiable(lse)
 
 
 def _fwd_lse_backward(ctx: Any, grad_out: Tensor, grad_lse: Optional[Tensor]) -> tuple:
     # The lse is not differentiable (as in FlashAttention-2): its gradient, if any, is ignored.
     q, k, v, out, lse = ctx.saved_tensors
-    dq, dk, dv = _bwd_op(_grad_ready(grad_out), q, k, v, out, lse, *ctx.options, True)
-    return dq, dk, dv, None, None, None, None, None
+    dq, dk, dv = _bwd_op(_grad_ready(grad_out), q, k, v, out, lse, *ctx.options, ctx.deterministic)
+    return dq, dk, dv, None, None, None, None, None, None
 
 
 _fwd_op = _op(f"fwd(Tensor q, Tensor k, Tensor v, {_OPTIONS}) -> Tensor", _fwd_cuda, _fwd_fake)
-_fwd_lse_op = _op(f"fwd_lse(Tensor q, Tensor k, Tensor v, {_OPTIONS}) -> (Tensor, Tensor)", _fwd_lse_cuda,
+_fwd_lse_op = _op(f"fwd_lse(Tensor q, Tensor k, Tensor v, {_OPTIONS}, bool deterministic=False) -> (Tensor, Tensor)",
+                  _fwd_lse_cuda,
                   _fwd_lse_fake, _fwd_lse_backward, _fwd_lse_setup_context)
 
 
@@ -253,7 +255,9 @@ def _varlen_launch(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Optional[T
 
 def _varlen_fwd_cuda(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int,
                      max_seqlen_k: int, *options: Any) -> Tuple[Tensor, Tensor]:
-    """flashcute::varlen_fwd: (out, lse) of a variable-length batch, on the current stream."""
+    """flashcute::varlen_fwd: (out, lse) of a variable-length batch, on the current stream. The
+    last option, deterministic, is for its backward."""
+    options = options[:5]
     index = _cuda_index(q, k, v, None, ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k))
     out = q.new_empty(q.shape)
     lse = q.new_empty(_varlen_lse_shape(q), dtype=torch.float32)
@@ -283,17 +287,19 @@ def _varlen_fwd_setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
     ctx.sizes = (max_q, max_k)
-    ctx.options = tuple(options)
+    ctx.options, ctx.deterministic = tuple(options[:5]), bool(options[5]) if len(options) > 5 else False
     ctx.mark_non_differentiable(lse)
 
 
 def _varlen_fwd_backward(ctx: Any, grad_out: Tensor, grad_lse: Optional[Tensor]) -> tuple:
     q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
-    dq, dk, dv = _varlen_bwd_op(_grad_ready(grad_out), q, k, v, out, lse, cu_q, cu_k, *ctx.sizes, *ctx.options, True)
-    return (dq, dk, dv) + (None,) * 9
+    dq, dk, dv = _varlen_bwd_op(_grad_ready(grad_out), q, k, v, out, lse, cu_q, cu_k, *ctx.sizes, *ctx.options,
+                                 ctx.deterministic)
+    return (dq, dk, dv) + (None,) * 10
 
 
-_varlen_fwd_op = _op(f"varlen_fwd(Tensor q, Tensor k, Tensor v, {_VARLEN}) -> (Tensor, Tensor)", _varlen_fwd_cuda,
+_varlen_fwd_op = _op(f"varlen_fwd(Tensor q, Tensor k, Tensor v, {_VARLEN}, bool deterministic=False) -> (Tensor, Tensor)",
+                     _varlen_fwd_cuda,
                      _varlen_fwd_fake, _varlen_fwd_backward, _varlen_fwd_setup_context)
 _varlen_bwd_op = _op(f"varlen_bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, {_VARLEN}, "
                      "bool deterministic) -> (Tensor, Tensor, Tensor)", _varlen_bwd_cuda, _grads_fake)
@@ -396,9 +402,9 @@ def _refuse_out_stream(what: str) -> None:
 
 
 def flash_attn(q: Tensor, k: Tensor, v: Tensor, out: Optional[Tensor], return_lse: bool, stream: Optional[int],
-               options: tuple) -> Tuple[Tensor, Optional[Tensor]]:
+               options: tuple, deterministic: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
     """flash_attn_func's torch path. options: (softmax_scale or None, causal, window_left,
-    window_right, softcap)."""
+    window_right, softcap); deterministic: for the backward autograd runs."""
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         # Differentiable: flashcute::fwd_lse, whose autograd formula runs flashcute::bwd.
         if out is not None or stream is not None:
@@ -406,7 +412,7 @@ def flash_attn(q: Tensor, k: Tensor, v: Tensor, out: Optional[Tensor], return_ls
                 "out=, stream=: not supported when q, k or v requires grad (the differentiable op allocates "
                 "its output and runs on the current stream); call without them, or under torch.no_grad()"
             )
-        o, lse = _fwd_lse_op(q, k, v, *options)
+        o, lse = _fwd_lse_op(q, k, v, *options, deterministic)
         return o, (lse if return_lse else None)
     if _may_be_traced(q, k, v, out):
         if out is not None or stream is not None:
@@ -459,13 +465,13 @@ def flash_attn_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, l
 
 def flash_attn_varlen(q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Tensor, max_q: int, max_k: int,
                       out: Optional[Tensor], return_lse: bool, stream: Optional[int],
-                      options: tuple) -> Tuple[Tensor, Optional[Tensor]]:
+                      options: tuple, deterministic: bool = False) -> Tuple[Tensor, Optional[Tensor]]:
     """flash_attn_varlen_func's torch path: the op when differentiable or traced, else a direct launch."""
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if grad or _may_be_traced(q, k, v, out, cu_q, cu_k):
         if out is not None or stream is not None:
             _refuse_out_stream("out=, stream=")
-        o, lse = _varlen_fwd_op(q, k, v, cu_q, cu_k, max_q, max_k, *options)
+        o, lse = _varlen_fwd_op(q, k, v, cu_q, cu_k, max_q, max_k, *options, deterministic)
         return o, (lse if return_lse else None)
     index = _cuda_index(q, k, v, out, ("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k))
     handle, ctx, check = _launch_context(q.device, stream, _current_stream(index))

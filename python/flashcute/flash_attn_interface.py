@@ -95,9 +95,10 @@ def flash_attn_func(
         window_size: (left, right). If not (-1, -1), implements sliding window local attention.
         softcap: float. Anything > 0 activates softcapping: scores = softcap * tanh(scores / softcap).
         alibi_slopes: not supported yet: only None is accepted (NotImplementedError otherwise).
-        deterministic: bool. Accepted for compatibility: flashcute's forward and backward are
-            always deterministic (the backward writes every gradient element from one thread
-            block, without atomics).
+        deterministic: bool. Whether the backward (autograd, jax.grad) gives the same bits on
+            every run. The forward always does. The sm80 backward always does (every gradient
+            element is written by one thread block); the Hopper backward adds dQ in arrival order,
+            so a deterministic backward runs on the sm80 kernels.
         return_attn_probs: bool. As in FlashAttention-2, return ``(out, softmax_lse, None)``: the
             logsumexp, and None where FlashAttention-2 returns the dropout mask (it has one only
             with dropout_p > 0, which flashcute does not support).
@@ -156,7 +157,7 @@ def flash_attn_func(
     """
     # Plain arguments first, so that their messages do not depend on the arrays.
     _check_fa2_only(dropout_p, alibi_slopes)
-    _as_bool("deterministic", deterministic)  # the forward pass is deterministic either way
+    deterministic = _as_bool("deterministic", deterministic)  # for the backward
     return_attn_probs = _as_bool("return_attn_probs", return_attn_probs)
     options = _parse_options(softmax_scale, causal, window_size, softcap)
     return_lse = _as_bool("return_lse", return_lse)
@@ -165,7 +166,8 @@ def flash_attn_func(
     # Arrays: CUDA arrays of one framework.
     try:
         fw = _one_framework(("q", q), ("k", k), ("v", v), ("out", out), optional=("out",))
-        out, lse = fw.binding.flash_attn(q, k, v, out, return_lse or return_attn_probs, stream, options)
+        out, lse = fw.binding.flash_attn(q, k, v, out, return_lse or return_attn_probs, stream, options,
+                                         deterministic)
     except (TypeError, ValueError):
         _check_scalars_first(options)
         raise
@@ -202,9 +204,9 @@ def flash_attn_bwd(
         q, k, v: the forward's inputs; out: its output; lse: its ``return_lse=True`` lse,
             float32 (batch_size, nheads, seqlen_q).
         softmax_scale, causal, window_size, softcap: exactly the forward's.
-        deterministic: accepted for FlashAttention-2 compatibility. flashcute's backward is always
-            deterministic (no atomics: every gradient element is written by one thread block),
-            so its result is the same bits on every run either way.
+        deterministic: the same bits on every run. The sm80 backward always is (no atomics: every
+            gradient element is written by one thread block); the Hopper backward adds dQ in
+            arrival order, so deterministic=True runs the sm80 one.
         dq, dk, dv: optional preallocated outputs, like q, k and v (eager only).
         stream: as for ``flash_attn_func``.
 
@@ -297,7 +299,7 @@ def flash_attn_varlen_func(
     if block_table is not None:
         raise NotImplementedError("block_table: a paged KV cache is not supported by flash_attn_varlen_func yet; "
                                   "pass None")
-    _as_bool("deterministic", deterministic)
+    deterministic = _as_bool("deterministic", deterministic)
     return_attn_probs = _as_bool("return_attn_probs", return_attn_probs)
     want_lse = _as_bool("return_lse", return_lse) | _as_bool("return_softmax_lse", return_softmax_lse)
     max_seqlen_q = _as_int("max_seqlen_q", max_seqlen_q)
@@ -310,7 +312,7 @@ def flash_attn_varlen_func(
         fw = _one_framework(("q", q), ("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q),
                             ("cu_seqlens_k", cu_seqlens_k), ("out", out), optional=("out",))
         out, lse = fw.binding.flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, out,
-                                                want_lse, stream, options)
+                                                want_lse, stream, options, deterministic)
     except (TypeError, ValueError):
         _check_scalars_first(options, 0, max_seqlen_q, max_seqlen_k)
         raise

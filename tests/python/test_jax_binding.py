@@ -94,6 +94,11 @@ def test_grad_is_the_bwd_custom_call(fp16_d64):
     grads = jax.eval_shape(jax.grad(loss, argnums=(0, 1, 2)), spec(2, 16, 4, 64), spec(2, 24, 2, 64),
                            spec(2, 24, 2, 64))
     assert [g.shape for g in grads] == [(2, 16, 4, 64), (2, 24, 2, 64), (2, 24, 2, 64)]
+    # flash_attn_func's deterministic reaches the backward call (the sm90 backward is not).
+    text = jaxpr(jax.grad(lambda q, k, v: flashcute.flash_attn_func(q, k, v, deterministic=True).astype(
+        jnp.float32).sum()), spec(2, 16, 4, 64), spec(2, 24, 2, 64), spec(2, 24, 2, 64))
+    assert "('deterministic', True)" in text, text
+    assert "('deterministic', False)" in jaxpr(jax.grad(loss), spec(2, 16, 4, 64), spec(2, 24, 2, 64), spec(2, 24, 2, 64))
     # vmap of grad folds the vmapped axis into the batch of the backward call too.
     text = jaxpr(jax.vmap(jax.grad(loss)), spec(3, 2, 16, 4, 64), spec(3, 2, 24, 2, 64), spec(3, 2, 24, 2, 64))
     assert "f16[6,16,4,64]" in text and text.count("flashcute_bwd") >= 1, text

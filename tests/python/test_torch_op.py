@@ -34,7 +34,9 @@ ARGS = ("(Tensor q, Tensor k, Tensor v, float? softmax_scale, bool causal, SymIn
 
 def test_ops_are_registered_with_their_schemas():
     assert str(torch.ops.flashcute.fwd.default._schema) == f"flashcute::fwd{ARGS} -> Tensor"
-    assert str(torch.ops.flashcute.fwd_lse.default._schema) == f"flashcute::fwd_lse{ARGS} -> (Tensor, Tensor)"
+    # fwd_lse's deterministic is its backward's (flash_attn_func's argument, kept for autograd).
+    lse_args = ARGS[:-1] + ", bool deterministic=False)"
+    assert str(torch.ops.flashcute.fwd_lse.default._schema) == f"flashcute::fwd_lse{lse_args} -> (Tensor, Tensor)"
 
 
 def test_fake_implementations():
