@@ -188,6 +188,12 @@ std::vector<Case> make_cases() {
     window2.window_left = 100;
     window2.window_right = 20;
     cases.push_back(window2);
+    // Rows that see one or two keys: D from the rounded O broke the rule here (common/dsum.hpp).
+    Case few_keys{dtype, 2, 113, 2, 1, 1, 64, true};
+    few_keys.window_left = 16;
+    few_keys.window_right = 100;
+    cases.push_back(few_keys);
+    cases.push_back({dtype, 2, 3, 40, 2, 1, 128});
   }
   return cases;
 }

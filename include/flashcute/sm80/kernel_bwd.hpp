@@ -3,7 +3,8 @@
 // With P = softmax(S) recomputed from the forward's lse, and D = rowsum(dO * O):
 //   dV = P^T dO,   dP = dO V^T,   dS = P * (dP - D),   dQ = dS K * scale,   dK = dS^T Q * scale
 // (softcap multiplies dS by its tanh's derivative, 1 - t^2). Three kernels:
-//   bwd_dsum_kernel  D for every query row (one warp per row);
+//   bwd_dsum_kernel  D for every query row (eight threads a row; exact where a row sees few keys,
+//                    common/dsum.hpp);
 //   bwd_dkdv_kernel  one CTA per key block (and head-dim part) of one KV head: keeps dK and dV in
 //                    registers while it walks the query blocks of every query head of its group,
 //                    computing S^T = K Q^T and dP^T = V dO^T directly in the transposed
@@ -16,6 +17,7 @@
 
 #include <cute/tensor.hpp>
 
+#include "flashcute/common/dsum.hpp"
 #include "flashcute/common/fragment.hpp"
 #include "flashcute/common/mask.hpp"
 #include "flashcute/common/params.hpp"
@@ -98,38 +100,41 @@ CUTE_DEVICE void store_acc(Acc& acc, float scale, TiledMma const& tiled_mma, Sme
 
 }  // namespace bwd_detail
 
-// D = rowsum(dO * O) for every (batch, head, query row): one warp per row, 8 elements per lane
-// per step. Grid (ceil(seqlen_q / 32), nheads, batch), 256 threads.
+// D for every (batch, head, query row): eight threads a row, 32 rows a CTA; D = rowsum(dO * O),
+// or exact where the row sees few keys (common/dsum.hpp). Grid (ceil(seqlen_q / 32), nheads, batch),
+// 256 threads.
 template <class Element>
 __global__ void __launch_bounds__(256) bwd_dsum_kernel(__grid_constant__ const BwdParams params) {
-  constexpr int kRowsPerCta = 32;
+  constexpr int kGroup = 8;
   const int head = blockIdx.y;
   const int batch = blockIdx.z;
-  const int lane = threadIdx.x % 32;
-  const int warp = threadIdx.x / 32;
+  const int row = int(blockIdx.x) * (256 / kGroup) + int(threadIdx.x) / kGroup;
+  const int part = int(threadIdx.x) % kGroup;
+  const unsigned lanes = 0xffu << (threadIdx.x % 32 / kGroup * kGroup);
   const BwdSeqlen seq(params, batch);
-  auto const* o = static_cast<Element const*>(params.o) + seq.o_offset + head * params.o_head_stride;
-  auto const* dout = static_cast<Element const*>(params.dout) + seq.do_offset + head * params.do_head_stride;
-  float* dsum = params.dsum + seq.dsum_offset + int64_t(head) * seq.dsum_head_stride;
-  for (int r = warp; r < kRowsPerCta; r += 8) {
-    const int row = blockIdx.x * kRowsPerCta + r;
-    if (row >= seq.seqlen_q) break;
-    float acc = 0.f;
-    for (int c = lane * 8; c < params.head_dim; c += 32 * 8) {
-      // 16-byte loads: the row and head strides are multiples of 8 elements (plan_bwd).
-      const uint4 a = *reinterpret_cast<uint4 const*>(o + row * params.o_row_stride + c);
-      const uint4 b = *reinterpret_cast<uint4 const*>(dout + row * params.do_row_stride + c);
-      auto const* ea = reinterpret_cast<Element const*>(&a);
-      auto const* eb = reinterpret_cast<Element const*>(&b);
-      CUTE_UNROLL
-      for (int i = 0; i < 8; ++i) acc += float(ea[i]) * float(eb[i]);
-    }
-    acc = quad_allreduce(acc, SumOp{});
-    acc += __shfl_xor_sync(0xffffffff, acc, 4);
-    acc += __shfl_xor_sync(0xffffffff, acc, 8);
-    acc += __shfl_xor_sync(0xffffffff, acc, 16);
-    if (lane == 0) dsum[row] = acc;
+  if (row >= seq.seqlen_q) return;
+  // 16-byte loads: the row and head strides are multiples of 8 elements (plan_bwd).
+  auto const* dout = static_cast<Element const*>(params.dout) + seq.do_offset + head * params.do_head_stride +
+                     row * params.do_row_stride;
+  const KeyMask mask{seq.seqlen_k, seq.seqlen_k - seq.seqlen_q, params.window_left, params.window_right};
+  const int key_begin = cute::max(0, mask.key_begin(row)), key_end = mask.key_end(row);
+  float d;
+  if (key_end - key_begin <= kExactDsumKeys) {
+    const int head_k = head / (params.nheads / params.nheads_k);
+    const DsumRow<Element> r{
+        static_cast<Element const*>(params.q) + seq.q_offset + head * params.q_head_stride + row * params.q_row_stride,
+        dout,
+        static_cast<Element const*>(params.k) + seq.k_offset + head_k * params.k_head_stride,
+        static_cast<Element const*>(params.v) + seq.v_offset + head_k * params.v_head_stride,
+        params.k_row_stride, params.v_row_stride, key_begin, key_end};
+    const float lse = params.lse[seq.lse_offset + head * params.lse_head_stride + row];
+    d = exact_dsum<kGroup>(r, params, lse, params.head_dim, part, lanes);
+  } else {
+    auto const* o = static_cast<Element const*>(params.o) + seq.o_offset + head * params.o_head_stride +
+                    row * params.o_row_stride;
+    d = group_dot<kGroup>(o, dout, params.head_dim, part, lanes);
   }
+  if (part == 0) params.dsum[seq.dsum_offset + int64_t(head) * seq.dsum_head_stride + row] = d;
 }
 
 // dK and dV of one key block (and, with d_split > 1, of columns [kPart * KV_COLS, ...)) of one

@@ -1,8 +1,8 @@
 // flashcute/sm90/kernel_bwd.hpp: the three kernels of the sm90a backward.
 //
-// 1. bwd_preprocess_kernel: per query row, D = rowsum(dO o O) and the lse in log2 units (+inf
-//    where no key is seen, and on the padding rows, so that P = 0 there), and the row's dQ
-//    accumulator zeroed.
+// 1. bwd_preprocess_kernel: per query row, D (rowsum(dO o O), or exact where the row sees few
+//    keys: common/dsum.hpp) and the lse in log2 units (+inf where no key is seen, and on the
+//    padding rows, so that P = 0 there), and the row's dQ accumulator zeroed.
 // 2. bwd_kernel: one CTA per (key block, KV head, batch), warp-specialised: warpgroup 0's first
 //    thread loads (BwdMainloop::load) and its second warp adds each step's dQ into the accumulator
 //    (write_dq), warpgroups 1-2 compute (BwdMainloop::mma) and store dK, dV.
@@ -14,6 +14,7 @@
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
 
+#include "flashcute/common/dsum.hpp"
 #include "flashcute/common/mask.hpp"
 #include "flashcute/common/params.hpp"
 #include "flashcute/sm90/mainloop_bwd.hpp"
@@ -25,30 +26,36 @@ namespace flashcute::sm90 {
 template <class Element, int kHeadDim>
 __global__ void __launch_bounds__(256) bwd_preprocess_kernel(const BwdParams p, float* dpsum, float* lse2,
                                                              float* dq_accum, int padded_rows) {
+  constexpr int kGroup = 4;
   const int m0 = int(blockIdx.x) * 64, head = int(blockIdx.y), batch = int(blockIdx.z);
-  const int row = m0 + int(threadIdx.x) / 4, part = int(threadIdx.x) % 4;
-  float sum = 0.f;
+  const int row = m0 + int(threadIdx.x) / kGroup, part = int(threadIdx.x) % kGroup;
+  const unsigned lanes = 0xfu << (threadIdx.x % 32 / kGroup * kGroup);
+  const float lse = row < p.seqlen_q ? p.lse[batch * p.lse_batch_stride + head * p.lse_head_stride + row] : -INFINITY;
+  float d = 0.f;
   if (row < p.seqlen_q) {
-    const Element* o = static_cast<const Element*>(p.o) + batch * p.o_batch_stride + row * p.o_row_stride +
-                       head * p.o_head_stride;
     const Element* dout = static_cast<const Element*>(p.dout) + batch * p.do_batch_stride + row * p.do_row_stride +
                           head * p.do_head_stride;
-    for (int c = part * 8; c < p.head_dim; c += 32) {
-      const uint4 ov = *reinterpret_cast<const uint4*>(o + c);
-      const uint4 dv = *reinterpret_cast<const uint4*>(dout + c);
-      const Element* oe = reinterpret_cast<const Element*>(&ov);
-      const Element* de = reinterpret_cast<const Element*>(&dv);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) sum += float(oe[e]) * float(de[e]);
+    const KeyMask mask{p.seqlen_k, p.seqlen_k - p.seqlen_q, p.window_left, p.window_right};
+    const int key_begin = cute::max(0, mask.key_begin(row)), key_end = mask.key_end(row);
+    if (key_end - key_begin <= kExactDsumKeys) {  // exact D (common/dsum.hpp)
+      const int head_k = head / (p.nheads / p.nheads_k);
+      const DsumRow<Element> r{
+          static_cast<const Element*>(p.q) + batch * p.q_batch_stride + row * p.q_row_stride + head * p.q_head_stride,
+          dout,
+          static_cast<const Element*>(p.k) + batch * p.k_batch_stride + head_k * p.k_head_stride,
+          static_cast<const Element*>(p.v) + batch * p.v_batch_stride + head_k * p.v_head_stride,
+          p.k_row_stride, p.v_row_stride, key_begin, key_end};
+      d = exact_dsum<kGroup>(r, p, lse, p.head_dim, part, lanes);
+    } else {
+      const Element* o = static_cast<const Element*>(p.o) + batch * p.o_batch_stride + row * p.o_row_stride +
+                         head * p.o_head_stride;
+      d = group_dot<kGroup>(o, dout, p.head_dim, part, lanes);
     }
   }
-  sum += __shfl_xor_sync(0xffffffff, sum, 1);
-  sum += __shfl_xor_sync(0xffffffff, sum, 2);
   const int64_t bh = int64_t(batch) * p.nheads + head;
   if (part == 0) {
     constexpr float kLog2e = 1.4426950408889634f;
-    const float lse = row < p.seqlen_q ? p.lse[batch * p.lse_batch_stride + head * p.lse_head_stride + row] : -INFINITY;
-    dpsum[bh * padded_rows + row] = sum;
+    dpsum[bh * padded_rows + row] = d;
     lse2[bh * padded_rows + row] = lse == -INFINITY ? INFINITY : lse * kLog2e;
   }
   float4* acc = reinterpret_cast<float4*>(dq_accum + (bh * padded_rows + m0) * kHeadDim);
