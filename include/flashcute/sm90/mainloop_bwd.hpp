@@ -38,6 +38,14 @@ CUTE_HOST_DEVICE BwdTile bwd_tile(const BwdParams& p, const KeyMask& keys, int n
   return t;
 }
 
+// dst[0, bytes) = src[0, bytes) by the TMA unit, counted on `bar` (one thread; 16-byte aligned).
+CUTE_DEVICE void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t& bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                   cute::cast_smem_ptr_to_uint(dst)),
+               "l"(src), "r"(bytes), "r"(cute::cast_smem_ptr_to_uint(&bar))
+               : "memory");
+}
+
 // dst[0, bytes) += src[0, bytes), fp32, by the TMA unit (one thread; commit and wait as for a
 // TMA store: cute::tma_store_arrive / tma_store_wait).
 CUTE_DEVICE void bulk_reduce_add(float* dst, const float* src, uint32_t bytes) {
@@ -64,7 +72,7 @@ struct BwdMainloop {
       : kp(kp_), storage(storage_), qdo_pipe{storage_.qdo_bar} {}
 
   CUTE_DEVICE static void init_barriers(Storage& storage) {
-    Pipeline::init(storage.qdo_bar, Traits::kMmaWarpgroups * 4);
+    Pipeline::init(storage.qdo_bar, Traits::kMmaThreads);  // each MMA thread releases (consumer_release_thread)
     cutlass::arch::ClusterTransactionBarrier::init(&storage.kv_full, 1);
   }
 
@@ -100,10 +108,13 @@ struct BwdMainloop {
       auto [tQgQ, tQsQ] = tma_partition(kp.tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
       auto [tOgO, tOsO] =
           tma_partition(kp.tma_do, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
+      const int64_t rows = (int64_t(tile.batch) * p.nheads + head) * kp.padded_rows;
       for (int m = tile.m_first; m < tile.m_last; ++m, ++st) {
-        uint64_t& full = qdo_pipe.producer_acquire(st, 2 * Traits::kQBytes);
+        uint64_t& full = qdo_pipe.producer_acquire(st, 2 * Traits::kQBytes + 2 * Traits::kRowBytes);
         copy(kp.tma_q.with(full), tQgQ(_, m), tQsQ(_, st.index()));
         copy(kp.tma_do.with(full), tOgO(_, m), tOsO(_, st.index()));
+        bulk_load(storage.lse2.data() + st.index() * kBlockM, kp.lse2 + rows + m * kBlockM, Traits::kRowBytes, full);
+        bulk_load(storage.dpsum.data() + st.index() * kBlockM, kp.dpsum + rows + m * kBlockM, Traits::kRowBytes, full);
       }
     }
   }
@@ -194,21 +205,12 @@ struct BwdMainloop {
     State st;
     int ds_buf = 0;
     for (int g = 0; g < group; ++g) {
-      const int head = tile.head_k * group + g;
-      const int64_t bh = int64_t(tile.batch) * p.nheads + head;
-      const float* dpsum = kp.dpsum + bh * kp.padded_rows;
-      const float* lse2 = kp.lse2 + bh * kp.padded_rows;
       for (int m = tile.m_first; m < tile.m_last; ++m, ++st, ds_buf ^= 1) {
         const int m0 = m * kBlockM;
-        // This thread's queries' lse and D (the workspace has whole blocks of rows).
-        float lse_col[kCols], dpsum_col[kCols];
-        CUTE_UNROLL
-        for (int j = 0; j < kCols; ++j) {
-          const int row = m0 + get<1>(c_rc(0, j));
-          lse_col[j] = lse2[row];
-          dpsum_col[j] = dpsum[row];
-        }
         qdo_pipe.consumer_wait(st);
+        // The step's rows' lse and D, read where they are used (not held across the GEMMs).
+        const float* lse2 = storage.lse2.data() + st.index() * kBlockM;
+        const float* dpsum = storage.dpsum.data() + st.index() * kBlockM;
         wgmma_gemm<true, false>(mma_sdp, tSrK, tSrQ(_, _, _, st.index()), acc_s);
         wgmma_gemm<true, false>(mma_sdp, tSrV, tSrdO(_, _, _, st.index()), acc_dp);
         warpgroup_wait<1>();  // S^T is done
@@ -218,13 +220,13 @@ struct BwdMainloop {
         CUTE_UNROLL
         for (int i = 0; i < size<0>(s_rc); ++i) {
           CUTE_UNROLL
-          for (int j = 0; j < kCols; ++j) s_rc(i, j) = exp2f(s_rc(i, j) * scale_log2 - lse_col[j]);
+          for (int j = 0; j < kCols; ++j) s_rc(i, j) = exp2f(s_rc(i, j) * scale_log2 - lse2[get<1>(c_rc(0, j))]);
         }
         warpgroup_wait<0>();  // dP^T is done
         CUTE_UNROLL
         for (int i = 0; i < size<0>(dp_rc); ++i) {
           CUTE_UNROLL
-          for (int j = 0; j < kCols; ++j) dp_rc(i, j) = s_rc(i, j) * (dp_rc(i, j) - dpsum_col[j]);
+          for (int j = 0; j < kCols; ++j) dp_rc(i, j) = s_rc(i, j) * (dp_rc(i, j) - dpsum[get<1>(c_rc(0, j))]);
         }
         convert_fragment_into(acc_s, rP);
         convert_fragment_into(acc_dp, rdS);
@@ -238,7 +240,10 @@ struct BwdMainloop {
         NamedBarrier::sync(Traits::kMmaThreads, NamedBarriers::kBwdDsReady);
         wgmma_gemm<true, false>(mma_dq, tQrdS(_, _, _, ds_buf), tQrKt, acc_dq);
         warpgroup_wait<0>();  // dV, dK and dQ are done: the step's Q and dO are free
-        qdo_pipe.consumer_release(st);
+        // This thread's reads of the stage's lse and D (generic proxy) are ordered before the bulk
+        // copy (async proxy) that refills it once the producer sees every thread's release.
+        cutlass::arch::fence_view_async_shared();
+        qdo_pipe.consumer_release_thread(st);
         // dQ (unscaled) to shared memory in fragment order, for the writer warp.
         NamedBarrier::sync(kDqThreads, NamedBarriers::kBwdDqEmpty);
         float2* dq_smem = reinterpret_cast<float2*>(storage.dq.data()) + mma_tid;

@@ -87,6 +87,9 @@ struct TmaPipeline {
     if (cute::elect_one_sync()) Barrier::arrive(&bar.empty[buffer]);
   }
   CUTE_DEVICE void consumer_release(State s) const { consumer_release(s.index()); }
+  // Every consumer thread arrives (a ring initialised with the consumer thread count): for a
+  // buffer the threads read with generic loads, whose reads each thread's own arrive releases.
+  CUTE_DEVICE void consumer_release_thread(State s) const { Barrier::arrive(&bar.empty[s.index()]); }
   // Hands a buffer back unread, once its load has landed: released before, the arrival would
   // count toward the buffer's previous load.
   CUTE_DEVICE void consumer_skip(State s) const {

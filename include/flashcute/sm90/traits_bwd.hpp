@@ -89,6 +89,7 @@ struct BwdTraits {
   using TmaK = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, Gmem{}, SmemLayoutK{}));
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kKBytes = kBlockN * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kRowBytes = kBlockM * sizeof(float);  // a step's lse or D
 
   struct SharedStorage {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>, 1024> k;
@@ -99,6 +100,9 @@ struct BwdTraits {
     // A step's dQ, fp32 in the MMA threads' fragment order (value pair p of MMA thread t at
     // 2 (p 256 + t)), which the writer warp adds into the global accumulator as it lies.
     cute::array_aligned<float, kBlockM * kHeadDim, 128> dq;
+    // Each Q/dO stage's rows' lse (log2 units) and D, loaded with them (bulk copies).
+    cute::array_aligned<float, kStages * kBlockM, 128> lse2;
+    cute::array_aligned<float, kStages * kBlockM, 128> dpsum;
     PipelineBarriers<kStages> qdo_bar;  // a step's Q and dO, one barrier pair per buffer
     uint64_t kv_full;                   // the CTA's K and V, loaded once
   };
