@@ -194,6 +194,14 @@ std::vector<Case> make_cases() {
     few_keys.window_right = 100;
     cases.push_back(few_keys);
     cases.push_back({dtype, 2, 3, 40, 2, 1, 128});
+    Case softcap2{dtype, 1, 200, 230, 4, 2, 128, true};  // softcap on the sm90 backward's head dims
+    softcap2.softcap = 10.f;
+    cases.push_back(softcap2);
+    Case softcap3{dtype, 2, 150, 150, 2, 2, 64};
+    softcap3.softcap = 2.f;
+    softcap3.window_left = 40;
+    softcap3.window_right = 10;
+    cases.push_back(softcap3);
   }
   return cases;
 }

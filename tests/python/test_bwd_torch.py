@@ -92,8 +92,6 @@ def _sm90_bwd_takes(torch, c: Case, dtype: str) -> str:
         return f"the sm90 backward runs on compute capability 9.0 only, this GPU is {torch.cuda.get_device_capability()}"
     if not any(k[:3] == ("sm90", "bwd", dtype) and k[3] >= c.d for k in flashcute.compiled_kernels()):
         return f"this build has no sm90 backward kernel for {dtype} head dim {c.d}"
-    if c.softcap:
-        return "the sm90 backward has no softcap yet"
     return ""
 
 

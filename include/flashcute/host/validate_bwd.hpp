@@ -52,12 +52,11 @@ struct BwdPlan {
 
 // Why the sm90 backward cannot take a call with these params, or nullptr when it can: the forward's
 // TMA rules (sm90_can_run) for q, k and v, the same for dout, dq stored 16 bytes a row at a time,
-// a fixed-length batch with at least one query and one key, no softcap, and the grid's y (KV
-// heads) and z (batch) dims below 2^16.
+// a fixed-length batch with at least one query and one key, and the grid's y (KV heads) and z
+// (batch) dims below 2^16.
 inline const char* sm90_bwd_can_run(const BwdParams& p) {
   if (const char* why = sm90_can_run(p)) return why;
   if (p.seqlen_q < 1) return "no queries";
-  if (p.softcap > 0.f) return "softcap";
   if (p.nheads_k > 65535 || p.batch > 65535) return "2^16 KV heads or batch entries";
   for (int64_t s : {p.do_row_stride, p.do_head_stride, p.do_batch_stride, p.dq_row_stride, p.dq_head_stride,
                     p.dq_batch_stride})

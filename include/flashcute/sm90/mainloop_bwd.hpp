@@ -200,7 +200,12 @@ struct BwdMainloop {
     clear(acc_dv);
     clear(acc_dk);
     constexpr float kLog2e = 1.4426950408889634f;
-    const float scale_log2 = p.softmax_scale * kLog2e;
+    // Softcap: P = exp2(tanh(S prescale) exp_scale - lse), and dS takes tanh's derivative 1 - t^2,
+    // with t recovered from P (no fragment held for it): t = (log2 P + lse) / exp_scale.
+    const bool softcap = p.softcap > 0.f;
+    const float exp_scale = (softcap ? p.softcap : p.softmax_scale) * kLog2e;
+    const float prescale = softcap ? p.softmax_scale / p.softcap : 0.f;
+    const float inv_exp_scale = 1.f / exp_scale;
     cutlass::arch::ClusterTransactionBarrier::wait(&storage.kv_full, 0);
     State st;
     int ds_buf = 0;
@@ -214,19 +219,33 @@ struct BwdMainloop {
         wgmma_gemm<true, false>(mma_sdp, tSrK, tSrQ(_, _, _, st.index()), acc_s);
         wgmma_gemm<true, false>(mma_sdp, tSrV, tSrdO(_, _, _, st.index()), acc_dp);
         warpgroup_wait<1>();  // S^T is done
-        // P^T = exp2(S^T scale log2(e) - lse log2(e)), zero where the query does not see the key.
+        if (softcap) {
+          CUTE_UNROLL
+          for (int i = 0; i < size(acc_s); ++i) acc_s(i) = tanhf(acc_s(i) * prescale);
+        }
+        // P^T = exp2(S^T exp_scale - lse log2(e)), zero where the query does not see the key.
         if (keys.tile_needs_mask(m0, kBlockM, n0 + 64 * wg, 64) || n0 + kBlockN > p.seqlen_k)
           keys.apply_transposed(s_rc, c_rc, n0, m0, -INFINITY);
         CUTE_UNROLL
         for (int i = 0; i < size<0>(s_rc); ++i) {
           CUTE_UNROLL
-          for (int j = 0; j < kCols; ++j) s_rc(i, j) = exp2f(s_rc(i, j) * scale_log2 - lse2[get<1>(c_rc(0, j))]);
+          for (int j = 0; j < kCols; ++j) s_rc(i, j) = exp2f(s_rc(i, j) * exp_scale - lse2[get<1>(c_rc(0, j))]);
         }
         warpgroup_wait<0>();  // dP^T is done
         CUTE_UNROLL
         for (int i = 0; i < size<0>(dp_rc); ++i) {
           CUTE_UNROLL
           for (int j = 0; j < kCols; ++j) dp_rc(i, j) = s_rc(i, j) * (dp_rc(i, j) - dpsum[get<1>(c_rc(0, j))]);
+        }
+        if (softcap) {  // P = 0 (masked) gives t = -inf or NaN: the clamp keeps 0 * derivative at 0
+          CUTE_UNROLL
+          for (int i = 0; i < size<0>(dp_rc); ++i) {
+            CUTE_UNROLL
+            for (int j = 0; j < kCols; ++j) {
+              const float t = (__log2f(s_rc(i, j)) + lse2[get<1>(c_rc(0, j))]) * inv_exp_scale;
+              dp_rc(i, j) *= fmaxf(1.f - t * t, 0.f);
+            }
+          }
         }
         convert_fragment_into(acc_s, rP);
         convert_fragment_into(acc_dp, rdS);
