@@ -147,7 +147,7 @@ def check(
 def check_backward(case: Case, inputs: tuple[torch.Tensor, ...], out: torch.Tensor,
                    lse: torch.Tensor) -> tuple[bool, str]:
     """flash_attn_bwd of one case into NaN-poisoned outputs, checked on the CPU: deterministic on
-    the sm80 backward, and again on the sm90 one (FLASHCUTE_BACKWARD_PATH=sm90) where it takes the case."""
+    the sm80 backward (FLASHCUTE_BACKWARD_PATH=sm80), and again on the sm90 one where it takes the case."""
     q, k, v = inputs
     dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(1)).to(q.dtype).to(DEVICE)
     opts = dict(softmax_scale=case.headdim**-0.5, causal=case.causal, window_size=case.window, softcap=case.softcap)

@@ -238,7 +238,7 @@ NB_MODULE(_C, m) {
         "'sm80' (mma.sync); 'sm80' before any launch. A diagnostic for tests and benchmarks.");
   m.def("last_backward_path", &last_backward_path,
         "The kernel family the last backward launch of this process ran on: 'sm90' or 'sm80' (before any\n"
-        "launch too). FLASHCUTE_BACKWARD_PATH=sm90 opts a call into the Hopper backward. A diagnostic.");
+        "launch too). FLASHCUTE_BACKWARD_PATH=sm80 keeps calls off the Hopper backward. A diagnostic.");
   m.def("last_forward_tile", &last_forward_tile,
         "The tile (block_m, block_n) of the kernel the last forward launch of this process ran on; (0, 0)\n"
         "before any. FLASHCUTE_SM90_TILES=auto|base|long chooses the sm90 tiles. A diagnostic.");

@@ -96,11 +96,11 @@ def last_backward_path() -> str:
     """The kernel family the last backward launch of this process ran on: ``"sm90"`` (the Hopper
     wgmma + TMA backward) or ``"sm80"`` (mma.sync; also before any launch).
 
-    The Hopper backward is opt-in for now: ``FLASHCUTE_BACKWARD_PATH=sm90`` in the environment runs
-    a call on it on a compute capability 9.0 GPU where the build has it (head dims up to 128, no
-    softcap, a fixed-length batch, strides TMA can read, not ``deterministic=True``: its dQ adds
-    land in any order); ``auto`` (the default) or ``sm80`` keep the
-    mma.sync backward; any other value is a ValueError naming the variable. A diagnostic, like
+    On a compute capability 9.0 GPU a call runs on the Hopper backward where the build has it and
+    it can take the call: head dims up to 128, a fixed-length batch, strides TMA can read, not
+    ``deterministic=True`` (its dQ adds land in any order). ``FLASHCUTE_BACKWARD_PATH=sm80`` in the
+    environment keeps every call on the mma.sync backward (``auto``, the default, and ``sm90``
+    take the Hopper one); any other value is a ValueError naming the variable. A diagnostic, like
     :func:`last_forward_path`.
     """
     return _C.last_backward_path()

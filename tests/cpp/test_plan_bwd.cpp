@@ -139,7 +139,13 @@ TEST(PlanBwd, BackwardPathSettingIsReadFromTheEnvironment) {
   flashcute::BackwardPath path;
   unsetenv("FLASHCUTE_BACKWARD_PATH");
   ASSERT_TRUE(flashcute::backward_path_setting(path).ok());
-  EXPECT_EQ(path, flashcute::BackwardPath::kSm80);  // opt-in for now
+  EXPECT_EQ(path, flashcute::BackwardPath::kSm90);  // the Hopper backward where it can run
+  setenv("FLASHCUTE_BACKWARD_PATH", "auto", 1);
+  ASSERT_TRUE(flashcute::backward_path_setting(path).ok());
+  EXPECT_EQ(path, flashcute::BackwardPath::kSm90);
+  setenv("FLASHCUTE_BACKWARD_PATH", "sm80", 1);
+  ASSERT_TRUE(flashcute::backward_path_setting(path).ok());
+  EXPECT_EQ(path, flashcute::BackwardPath::kSm80);
   setenv("FLASHCUTE_BACKWARD_PATH", "sm90", 1);
   ASSERT_TRUE(flashcute::backward_path_setting(path).ok());
   EXPECT_EQ(path, flashcute::BackwardPath::kSm90);

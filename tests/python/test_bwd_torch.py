@@ -180,14 +180,16 @@ def test_flash_attn_bwd_writes_every_element(torch, require_kernel, case):
 
 def test_deterministic_reaches_the_backward(torch, require_kernel, monkeypatch):
     """flash_attn_func's deterministic is the backward's that autograd runs: on a 9.0 device with
-    the sm90 backward, False runs it and True the sm80 kernels."""
+    the sm90 backward, False runs it and True the sm80 kernels; it is the default path."""
     require_kernel("bfloat16", 64)
     monkeypatch.setenv("FLASHCUTE_BACKWARD_PATH", "sm90")
     c = Case(1, 100, 100, 2, 2, 64, causal=True)
     if why := _sm90_bwd_takes(torch, c, "bfloat16"):
         pytest.skip(why)
     q, k, v, dout = _inputs(torch, c, "bfloat16", seed=21)
-    for deterministic, path in ((False, "sm90"), (True, "sm80")):
+    for deterministic, path, env in ((False, "sm90", "sm90"), (True, "sm80", "sm90"), (False, "sm90", None)):
+        if env is None:  # unset: the default takes the Hopper backward too
+            monkeypatch.delenv("FLASHCUTE_BACKWARD_PATH")
         leaves = [x.detach().requires_grad_() for x in (q, k, v)]
         flashcute.flash_attn_func(*leaves, causal=True, deterministic=deterministic).backward(dout)
         assert flashcute.last_backward_path() == path, deterministic

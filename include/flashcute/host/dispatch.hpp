@@ -188,17 +188,16 @@ inline Status forward_kernel(const FwdPlan& plan, KernelKey& key) {
   return Status::success();
 }
 
-// The backward path: FLASHCUTE_BACKWARD_PATH=sm90 runs a call the Hopper backward can take
-// (plan.sm90_kernel) on it on a compute capability 9.0 device; unset, "auto" or "sm80", every
-// backward runs on the mma.sync kernels (the Hopper backward is opt-in until it is the faster).
-// Read at every launch (getenv: no device call).
+// The backward path: unset, "auto" or "sm90", a call the Hopper backward can take
+// (plan.sm90_kernel) runs on it on a compute capability 9.0 device; FLASHCUTE_BACKWARD_PATH=sm80
+// runs every backward on the mma.sync kernels. Read at every launch (getenv: no device call).
 enum class BackwardPath : uint8_t { kSm80, kSm90 };
 
 inline Status backward_path_setting(BackwardPath& path) {
   static constexpr const char* kValues[] = {"auto", "sm80", "sm90"};
   std::size_t index;
   const Status st = detail::env_choice("FLASHCUTE_BACKWARD_PATH", kValues, "auto, sm80 or sm90", index);
-  path = index == 2 ? BackwardPath::kSm90 : BackwardPath::kSm80;
+  path = index == 1 ? BackwardPath::kSm80 : BackwardPath::kSm90;
   return st;
 }
 

@@ -290,7 +290,7 @@ IMPLS: dict[str, Impl] = {
     for impl in (
         Flashcute(),
         Flashcute("flashcute-sm80", path="sm80", bwd_path="sm80"),
-        # The Hopper backward, opt-in until it is the default (FLASHCUTE_BACKWARD_PATH=sm90).
+        # The Hopper backward forced (FLASHCUTE_BACKWARD_PATH=sm90; the default takes it where it can).
         Flashcute("flashcute-sm90bwd", bwd_path="sm90"),
         Flashcute("flashcute-base", tiles="base"),
         Sdpa("sdpa-flash", "FLASH_ATTENTION"),
