@@ -85,9 +85,10 @@ def _spans(lens) -> List[Tuple[int, int]]:
 @pytest.fixture
 def same_kernels_as_varlen(monkeypatch):
     """Varlen calls run on the sm80 kernels; a test that compares them bit for bit with
-    fixed-length calls keeps those on the sm80 kernels too (on an H100/H200 they would otherwise
-    take the sm90 ones, whose results differ in the last bits)."""
+    fixed-length calls keeps those on the sm80 kernels too, forward and backward (on an H100/H200
+    they would otherwise take the sm90 ones, whose results differ in the last bits)."""
     monkeypatch.setenv("FLASHCUTE_FORWARD_PATH", "sm80")
+    monkeypatch.setenv("FLASHCUTE_BACKWARD_PATH", "sm80")
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
