@@ -146,26 +146,28 @@ def check(
 
 def check_backward(case: Case, inputs: tuple[torch.Tensor, ...], out: torch.Tensor,
                    lse: torch.Tensor) -> tuple[bool, str]:
-    """flash_attn_bwd of one case into NaN-poisoned outputs, checked on the CPU: deterministic on
-    the sm80 backward (FLASHCUTE_BACKWARD_PATH=sm80), and again on the sm90 one where it takes the case."""
+    """flash_attn_bwd of one case into NaN-poisoned outputs, checked on the CPU: on the sm80
+    backward (FLASHCUTE_BACKWARD_PATH=sm80), and on the sm90 one where it takes the case, with
+    and without deterministic."""
     q, k, v = inputs
     dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(1)).to(q.dtype).to(DEVICE)
     opts = dict(softmax_scale=case.headdim**-0.5, causal=case.causal, window_size=case.window, softcap=case.softcap)
     notes = []
-    for path in ("sm80", "sm90"):
+    # sm90 twice: its dQ adds in arrival order, then in turn (deterministic: spin-waits across CTAs).
+    for path, deterministic in (("sm80", False), ("sm90", False), ("sm90", True)):
         grads = tuple(torch.full_like(x, float("nan")) for x in (q, k, v))
         with env_var("FLASHCUTE_BACKWARD_PATH", path):
-            # (The sm90 backward is not deterministic yet: a deterministic call stays on sm80.)
-            flashcute.flash_attn_bwd(dout, q, k, v, out, lse, deterministic=path == "sm80", dq=grads[0],
+            flashcute.flash_attn_bwd(dout, q, k, v, out, lse, deterministic=deterministic, dq=grads[0],
                                      dk=grads[1], dv=grads[2], **opts)
         ran = flashcute.last_backward_path()
         if ran != path:  # the sm90 backward does not take this case
             continue
         torch.cuda.synchronize()
         result = check_gradients(tuple(g.cpu() for g in grads), dout.cpu(), *(x.cpu() for x in inputs), **opts)
+        name = ran + (" deterministic" if deterministic else "")
         if not result.ok:
-            return False, f"{ran} backward: {result.message}"
-        notes.append(f"{ran} grads {result.summary()}")
+            return False, f"{name} backward: {result.message}"
+        notes.append(f"{name} grads {result.summary()}")
     return True, "; ".join(notes)
 
 

@@ -96,9 +96,9 @@ def flash_attn_func(
         softcap: float. Anything > 0 activates softcapping: scores = softcap * tanh(scores / softcap).
         alibi_slopes: not supported yet: only None is accepted (NotImplementedError otherwise).
         deterministic: bool. Whether the backward (autograd, jax.grad) gives the same bits on
-            every run. The forward always does. The sm80 backward always does (every gradient
-            element is written by one thread block); the Hopper backward adds dQ in arrival order,
-            so a deterministic backward runs on the sm80 kernels.
+            every run. The forward always does, and so does the sm80 backward (every gradient
+            element is written by one thread block). The Hopper backward adds each block's dQ
+            in arrival order unless this is set; then in a fixed order, a little slower.
         return_attn_probs: bool. As in FlashAttention-2, return ``(out, softmax_lse, None)``: the
             logsumexp, and None where FlashAttention-2 returns the dropout mask (it has one only
             with dropout_p > 0, which flashcute does not support).
@@ -205,8 +205,8 @@ def flash_attn_bwd(
             float32 (batch_size, nheads, seqlen_q).
         softmax_scale, causal, window_size, softcap: exactly the forward's.
         deterministic: the same bits on every run. The sm80 backward always is (no atomics: every
-            gradient element is written by one thread block); the Hopper backward adds dQ in
-            arrival order, so deterministic=True runs the sm80 one.
+            gradient element is written by one thread block); the Hopper backward then adds each
+            block's dQ in a fixed order, a little slower.
         dq, dk, dv: optional preallocated outputs, like q, k and v (eager only).
         stream: as for ``flash_attn_func``.
 

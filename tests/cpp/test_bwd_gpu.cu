@@ -65,7 +65,8 @@ void expect_gradient(const char* name, const Buffer& buf, const View& view, cons
 
 // Runs case c on the backward path `sm90` asks for (FLASHCUTE_BACKWARD_PATH) and checks it. On the
 // sm90 path the workspace is the sm90 one, and a case that path cannot take is skipped.
-void run_case(const Case& c, bool sm90) {
+// deterministic: the call asks for it, and four more runs must give the same bits.
+void run_case(const Case& c, bool sm90, bool deterministic = false) {
   std::mt19937 rng(uint32_t(std::hash<std::string>{}(c.name())));
   const View qv = padded_view(c.seqlen_q, c.nheads, c.head_dim);
   const View kv = padded_view(c.seqlen_k, c.nheads_k, c.head_dim);
@@ -123,6 +124,7 @@ void run_case(const Case& c, bool sm90) {
   ba.window_left = c.window_left;
   ba.window_right = c.window_right;
   ba.softcap = c.softcap;
+  ba.deterministic = deterministic;
 
   if (sm90) {
     flashcute::BwdPlan plan;
@@ -143,6 +145,18 @@ void run_case(const Case& c, bool sm90) {
   ASSERT_TRUE(bst.ok()) << bst.message;
   EXPECT_EQ(flashcute::last_backward_arch().load(), sm90 ? flashcute::Arch::kSm90 : flashcute::Arch::kSm80);
   for (Buffer* b : {&dq, &dk, &dv}) ASSERT_CUDA(b->download());
+  if (deterministic) {
+    const std::vector<uint16_t> first[3] = {dq.host, dk.host, dv.host};
+    setenv("FLASHCUTE_BACKWARD_PATH", sm90 ? "sm90" : "sm80", 1);
+    for (int run = 1; run < 5; ++run) {
+      for (Buffer* b : {&dq, &dk, &dv}) ASSERT_CUDA(cudaMemset(b->dev, 0xff, b->host.size() * 2));
+      ASSERT_TRUE(flashcute::run_bwd(ba, nullptr).ok());
+      ASSERT_CUDA(cudaDeviceSynchronize());
+      for (Buffer* b : {&dq, &dk, &dv}) ASSERT_CUDA(b->download());
+      EXPECT_TRUE(dq.host == first[0] && dk.host == first[1] && dv.host == first[2]) << "run " << run << " differs";
+    }
+    unsetenv("FLASHCUTE_BACKWARD_PATH");
+  }
 
   Problem p{c.batch, c.seqlen_q, c.seqlen_k, c.nheads, c.nheads_k, c.head_dim, c.causal,
             c.window_left, c.window_right, c.softcap, 1.f / std::sqrt(float(c.head_dim))};
@@ -160,6 +174,9 @@ TEST_P(BwdGpu, MatchesTheReference) { run_case(GetParam(), false); }
 
 // The same case on the Hopper backward (sm90/launch_bwd.hpp), where it can take it.
 TEST_P(BwdGpu, Sm90MatchesTheReference) { run_case(GetParam(), true); }
+
+// deterministic=true on the Hopper backward (its dQ adds in turn): correct, and five runs agree.
+TEST_P(BwdGpu, Sm90DeterministicIsBitwise) { run_case(GetParam(), true, true); }
 
 std::vector<Case> make_cases() {
   std::vector<Case> cases;

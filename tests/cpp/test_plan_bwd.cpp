@@ -75,7 +75,7 @@ TEST(PlanBwd, Sm90WorkspaceIsPaddedRowsTimesHeadDimPlusTwo) {
   EXPECT_EQ(flashcute::sm90::bwd_padded_rows(1), 64);
   EXPECT_EQ(flashcute::sm90::bwd_padded_rows(64), 64);
   EXPECT_EQ(flashcute::sm90::bwd_padded_rows(65), 128);
-  EXPECT_EQ(flashcute::sm90::bwd_workspace_floats(2, 8, 100, 128), 2 * 8 * 128 * 130);
+  EXPECT_EQ(flashcute::sm90::bwd_workspace_floats(2, 8, 100, 128), 2 * 8 * 128 * 130 + 2 * 8 * 2);  // + add counts
   EXPECT_EQ(flashcute::sm90::bwd_workspace_floats(0, 8, 100, 64), 0);
 }
 
@@ -110,11 +110,12 @@ TEST(PlanBwd, NamesTheSm90KernelWhereItCanRun) {
   a.softcap = 5.f;
   ASSERT_TRUE(flashcute::plan_bwd(a, p).ok());
   EXPECT_EQ(p.sm90_kernel.arch, flashcute::Arch::kSm90);
-  // Its dQ adds land in any order: a deterministic call keeps the sm80 kernels.
+  // Deterministic calls take it too (its dQ adds then go in turn), and say so in the params.
   a.softcap = 0.f;
   a.deterministic = true;
   ASSERT_TRUE(flashcute::plan_bwd(a, p).ok());
-  EXPECT_EQ(p.sm90_kernel.arch, flashcute::Arch::kSm80);
+  EXPECT_EQ(p.sm90_kernel.arch, flashcute::Arch::kSm90);
+  EXPECT_TRUE(p.params.deterministic);
 }
 
 TEST(PlanBwd, Sm90CanRunSaysWhyNot) {

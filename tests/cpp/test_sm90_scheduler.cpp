@@ -152,3 +152,38 @@ TEST(Sm90Scheduler, TheTailEvensOutCausalRounds) {
 }
 
 }  // namespace
+
+// The backward: key block n visits query block m (bwd_tile) exactly when n is one of m's key
+// blocks (KeyMask::key_blocks), and its dQ turn there counts the blocks before it (in the turn
+// order: descending with a right bound) that visit m, so the deterministic mode's turns are
+// 0, 1, 2, ... with no gap (a gap would hang the kernel).
+TEST(Sm90Scheduler, BackwardTilesAndDqTurnsAgree) {
+  constexpr int kM = 64, kN = 128;
+  uint32_t state = 12345;
+  auto next = [&](int n) { state = state * 1664525u + 1013904223u; return int((state >> 8) % uint32_t(n)); };
+  for (int trial = 0; trial < 400; ++trial) {
+    flashcute::BwdParams p;
+    p.seqlen_q = 1 + next(700), p.seqlen_k = 1 + next(700);
+    const int kind = next(4);  // none, causal, window, left-only window
+    p.window_left = kind >= 2 ? next(300) : -1;
+    p.window_right = kind == 1 ? 0 : kind == 2 ? next(300) : -1;
+    const flashcute::KeyMask keys{p.seqlen_k, p.seqlen_k - p.seqlen_q, p.window_left, p.window_right};
+    const int n_blocks = (p.seqlen_k + kN - 1) / kN, m_blocks = (p.seqlen_q + kM - 1) / kM;
+    const bool descending = p.window_right >= 0;
+    for (int m = 0; m < m_blocks; ++m) {
+      int turn = 0;
+      const auto kb = keys.key_blocks(m * kM, kM, p.seqlen_q, kN);
+      for (int i = 0; i < n_blocks; ++i) {
+        const int n = descending ? n_blocks - 1 - i : i;
+        const auto t = flashcute::sm90::bwd_tile<kM, kN>(p, keys, n, 0, 0);
+        const bool visits = m >= t.m_first && m < t.m_last;
+        ASSERT_EQ(visits, n >= kb.first && n < kb.last)
+            << "sq " << p.seqlen_q << " sk " << p.seqlen_k << " window " << p.window_left << "," << p.window_right
+            << " m " << m << " n " << n;
+        if (visits) {
+          EXPECT_EQ((flashcute::sm90::bwd_dq_turn<kM, kN>(p, keys, n, m)), turn++);
+        }
+      }
+    }
+  }
+}

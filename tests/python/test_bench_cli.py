@@ -85,7 +85,7 @@ def test_defaults_are_the_fa_grid():
     assert (g.batch, g.nheads, g.nheads_k) == (None, None, None)
     assert cfg.impls == ("flashcute", "flashcute-sm80", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "fa4")
     assert cfg.impls == DEFAULT_IMPLS
-    assert set(IMPLS) == {*DEFAULT_IMPLS, "flashcute-base", "flashcute-sm90bwd"}
+    assert set(IMPLS) == {*DEFAULT_IMPLS, "flashcute-base", "flashcute-sm90bwd", "flashcute-det"}
     # The standard timing by default: 10 warm-up calls, 30 timed calls (15 a pass).
     assert cfg.timing == Timing(STANDARD, warmup=10, iters=30) and cfg.timing.plan() == (2, 15)
     assert (cfg.seed, cfg.framework) == (0, "auto")

@@ -122,20 +122,20 @@ def test_autograd_matches_reference(torch, require_kernel, monkeypatch, case, dt
 def test_rows_that_see_few_keys(torch, require_kernel, monkeypatch, bwd_path):
     """Rows that see a few keys, where D = rowsum(dO * O) from the rounded O broke the rule (issue 30;
     common/dsum.hpp). First the issue's case: bf16, d 64, batch 2, 113 queries on 2 keys, one head,
-    causal, window (16, 100), q/k/v strided views of one packed tensor, deterministic (the sm80
-    path: deterministic calls stay there). Then random one- to eight-row problems on 1-80 keys; in
-    a float32 simulation of the old D about one in ten of these broke the rule."""
+    causal, window (16, 100), q/k/v strided views of one packed tensor, deterministic. Then random
+    one- to eight-row problems on 1-80 keys; in a float32 simulation of the old D about one in ten
+    of these broke the rule."""
     require_kernel("bfloat16", 64)
     monkeypatch.setenv("FLASHCUTE_BACKWARD_PATH", bwd_path)
     g = torch.Generator(device="cuda").manual_seed(30)
-    if bwd_path == "sm80":
+    if bwd_path == "sm80" or not _sm90_bwd_takes(torch, Case(2, 113, 2, 1, 1, 64), "bfloat16"):
         packed = torch.randn(2, 113, 3, 1, 64, device="cuda", generator=g).to(torch.bfloat16)
         q, k, v = packed[:, :, 0], packed[:, :2, 1], packed[:, :2, 2]
         dout = torch.randn(2, 113, 1, 64, device="cuda", generator=g).to(torch.bfloat16)
         opts = dict(causal=True, window_size=(16, 100))
         leaves = [x.detach().requires_grad_() for x in (q, k, v)]
         flashcute.flash_attn_func(*leaves, deterministic=True, **opts).backward(dout)
-        assert flashcute.last_backward_path() == "sm80"
+        assert flashcute.last_backward_path() == bwd_path
         check = check_gradients(tuple(x.grad for x in leaves), dout, q, k, v, **opts)
         assert check.ok, check.message
     rng = random.Random(30)
@@ -163,47 +163,60 @@ def test_rows_that_see_few_keys(torch, require_kernel, monkeypatch, bwd_path):
 
 @pytest.mark.parametrize("case", [CASES[2], CASES[6], CASES[12]], ids=lambda c: c.id)
 def test_flash_attn_bwd_writes_every_element(torch, require_kernel, case):
-    """flash_attn_bwd into NaN-poisoned outputs: every element written, and the same bits as autograd."""
+    """flash_attn_bwd into NaN-poisoned outputs: every element written, and the same bits as autograd
+    (both deterministic: on the sm90 backward three or more dQ adds could land in either order)."""
     require_kernel("bfloat16", case.d)
     q, k, v, dout = _inputs(torch, case, "bfloat16", seed=7)
     out, lse = flashcute.flash_attn_func(q, k, v, return_lse=True, **case.options())
     dq, dk, dv = (torch.full_like(x, float("nan")) for x in (q, k, v))
-    res = flashcute.flash_attn_bwd(dout, q, k, v, out, lse, dq=dq, dk=dk, dv=dv, **case.options())
+    res = flashcute.flash_attn_bwd(dout, q, k, v, out, lse, dq=dq, dk=dk, dv=dv, deterministic=True,
+                                   **case.options())
     assert res[0] is dq and res[1] is dk and res[2] is dv
     check = check_gradients((dq, dk, dv), dout, q, k, v, **case.options())
     assert check.ok, check.message
     leaves = [x.detach().requires_grad_() for x in (q, k, v)]
-    flashcute.flash_attn_func(*leaves, **case.options()).backward(dout)
+    flashcute.flash_attn_func(*leaves, deterministic=True, **case.options()).backward(dout)
     for a, b in zip((dq, dk, dv), leaves):
         assert torch.equal(a, b.grad)
 
 
 def test_deterministic_reaches_the_backward(torch, require_kernel, monkeypatch):
-    """flash_attn_func's deterministic is the backward's that autograd runs: on a 9.0 device with
-    the sm90 backward, False runs it and True the sm80 kernels; it is the default path."""
+    """flash_attn_func's deterministic is the one autograd's backward launch gets, and on a 9.0
+    device with the sm90 backward that launch runs it either way (the default path)."""
     require_kernel("bfloat16", 64)
-    monkeypatch.setenv("FLASHCUTE_BACKWARD_PATH", "sm90")
+    monkeypatch.delenv("FLASHCUTE_BACKWARD_PATH", raising=False)
+    from flashcute import _torch
+
+    seen = []
+    launch = _torch._C.bwd
+    monkeypatch.setattr(_torch._C, "bwd", lambda *args: (seen.append(args[11]), launch(*args))[1])
     c = Case(1, 100, 100, 2, 2, 64, causal=True)
-    if why := _sm90_bwd_takes(torch, c, "bfloat16"):
-        pytest.skip(why)
     q, k, v, dout = _inputs(torch, c, "bfloat16", seed=21)
-    for deterministic, path, env in ((False, "sm90", "sm90"), (True, "sm80", "sm90"), (False, "sm90", None)):
-        if env is None:  # unset: the default takes the Hopper backward too
-            monkeypatch.delenv("FLASHCUTE_BACKWARD_PATH")
+    sm90 = not _sm90_bwd_takes(torch, c, "bfloat16")
+    for deterministic in (False, True):
         leaves = [x.detach().requires_grad_() for x in (q, k, v)]
         flashcute.flash_attn_func(*leaves, causal=True, deterministic=deterministic).backward(dout)
-        assert flashcute.last_backward_path() == path, deterministic
+        assert seen[-1] is deterministic
+        assert flashcute.last_backward_path() == ("sm90" if sm90 else "sm80")
         check = check_gradients(tuple(x.grad for x in leaves), dout, q, k, v, causal=True)
         assert check.ok, check.message
 
 
-def test_deterministic_bits(torch, require_kernel):
-    """Five runs, the same bits (a GQA causal case where atomics would reorder the dk/dv sums)."""
+@pytest.mark.parametrize("bwd_path", ["sm80", "sm90"])
+def test_deterministic_bits(torch, require_kernel, monkeypatch, bwd_path):
+    """Five runs, the same bits (a GQA causal case where the sm90 backward's dQ adds from 8 key
+    blocks would land in any order without deterministic=True)."""
     require_kernel("bfloat16", 128)
     case = Case(2, 1000, 1000, 16, 2, 128, causal=True)
+    if bwd_path == "sm90" and (why := _sm90_bwd_takes(torch, case, "bfloat16")):
+        pytest.skip(why)
+    monkeypatch.setenv("FLASHCUTE_BACKWARD_PATH", bwd_path)
     q, k, v, dout = _inputs(torch, case, "bfloat16", seed=3)
     out, lse = flashcute.flash_attn_func(q, k, v, return_lse=True, causal=True)
     first = flashcute.flash_attn_bwd(dout, q, k, v, out, lse, causal=True, deterministic=True)
+    assert flashcute.last_backward_path() == bwd_path
+    check = check_gradients(first, dout, q, k, v, causal=True)
+    assert check.ok, check.message
     for _ in range(4):
         again = flashcute.flash_attn_bwd(dout, q, k, v, out, lse, causal=True, deterministic=True)
         for a, b in zip(first, again):
@@ -216,8 +229,8 @@ def test_compile_forward_and_backward(torch, require_kernel):
     case = Case(2, 200, 150, 4, 2, 64, causal=True)
     q, k, v, dout = _inputs(torch, case, "bfloat16", seed=11)
 
-    def loss(q, k, v):
-        return (flashcute.flash_attn_func(q, k, v, causal=True) * dout).sum()
+    def loss(q, k, v):  # deterministic: compiled and eager grads compared bit for bit
+        return (flashcute.flash_attn_func(q, k, v, causal=True, deterministic=True) * dout).sum()
 
     explained = torch._dynamo.explain(loss)(*(x.detach().requires_grad_() for x in (q, k, v)))
     assert explained.graph_break_count == 0, explained.break_reasons

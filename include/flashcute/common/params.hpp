@@ -104,6 +104,9 @@ struct BwdParams : FwdParams {
   void* dk = nullptr;
   void* dv = nullptr;
   float* dsum = nullptr;
+  // The same bits on every run. The sm80 kernels always give them; the sm90 ones then order their
+  // dQ adds (sm90/mainloop_bwd.hpp, wait_turn).
+  bool deterministic = false;
 
   int64_t do_batch_stride = 0, do_row_stride = 0, do_head_stride = 0;
   int64_t dq_batch_stride = 0, dq_row_stride = 0, dq_head_stride = 0;

@@ -26,8 +26,8 @@ struct BwdArgs : AttnOptions {  // the forward's options, exactly
   MutableTensorRef dv;  // like v
   // float32, at least bwd_workspace_floats() elements, 16-byte aligned: D = rowsum(dout * out).
   MutableTensorRef workspace;
-  // Same bits on every run: the sm80 backward always is (sm80/kernel_bwd.hpp); the sm90 one is not
-  // yet, so a deterministic call never takes it.
+  // Same bits on every run: the sm80 backward always is (sm80/kernel_bwd.hpp); the sm90 one then
+  // orders its dQ adds.
   bool deterministic = false;
   // Set: a variable-length batch (VarlenArgs): every array has no batch dim, lse is
   // (nheads, total_q), and the workspace holds bwd_workspace_floats(1, nheads, total_q).
@@ -152,15 +152,15 @@ inline Status plan_bwd(const BwdArgs& a, BwdPlan& plan) {
   b.dk = a.dk.mutable_data();
   b.dv = a.dv.mutable_data();
   b.dsum = static_cast<float*>(a.workspace.mutable_data());
+  b.deterministic = a.deterministic;
   b.do_batch_stride = kstride(dout, 0), b.do_row_stride = kstride(dout, 1), b.do_head_stride = kstride(dout, 2);
   b.dq_batch_stride = kstride(dq, 0), b.dq_row_stride = kstride(dq, 1), b.dq_head_stride = kstride(dq, 2);
   b.dk_batch_stride = kstride(dk, 0), b.dk_row_stride = kstride(dk, 1), b.dk_head_stride = kstride(dk, 2);
   b.dv_batch_stride = kstride(dv, 0), b.dv_row_stride = kstride(dv, 1), b.dv_head_stride = kstride(dv, 2);
   if (a.varlen) b.do_batch_stride = b.dq_batch_stride = b.dk_batch_stride = b.dv_batch_stride = 0;
   const int sm90_hd = kernel_head_dim(p.head_dim, a.q.dtype, Direction::kBwd, Arch::kSm90);
-  // (The sm90 backward adds dQ in arrival order: a deterministic call stays on the sm80 kernels.)
   // (sm90_bwd_can_run refuses varlen; the workspace's 16-byte alignment is checked above.)
-  if (sm90_hd > 0 && !a.deterministic && sm90_bwd_can_run(b) == nullptr &&
+  if (sm90_hd > 0 && sm90_bwd_can_run(b) == nullptr &&
       a.workspace.numel() >= sm90::bwd_workspace_floats(p.batch, p.nheads, p.seqlen_q, sm90_hd))
     plan.sm90_kernel = KernelKey{Arch::kSm90, Direction::kBwd, a.q.dtype, sm90_hd};
   return Status::success();

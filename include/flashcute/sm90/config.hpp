@@ -170,9 +170,11 @@ constexpr bool has_bwd_config(int head_dim) { return default_bwd_config(head_dim
 // A backward call's query rows rounded to whole blocks: the workspace's row count per head.
 constexpr int64_t bwd_padded_rows(int64_t seqlen_q) { return (seqlen_q + 63) / 64 * 64; }
 // The float32 workspace of an sm90 backward: D = rowsum(dO o O) and the lse in log2 units, one
-// per padded query row and head, then the dQ accumulator (padded rows x kernel head dim).
+// per padded query row and head, then the dQ accumulator (padded rows x kernel head dim), then
+// the deterministic mode's add counts (int32, one per 64 padded rows and head).
 constexpr int64_t bwd_workspace_floats(int64_t batch, int64_t nheads, int64_t seqlen_q, int kernel_head_dim) {
-  return batch * nheads * bwd_padded_rows(seqlen_q) * (2 + int64_t(kernel_head_dim));
+  const int64_t rows = batch * nheads * bwd_padded_rows(seqlen_q);
+  return rows * (2 + int64_t(kernel_head_dim)) + rows / 64;
 }
 
 }  // namespace flashcute::sm90

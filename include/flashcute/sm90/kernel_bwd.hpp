@@ -2,7 +2,8 @@
 //
 // 1. bwd_preprocess_kernel: per query row, D (rowsum(dO o O), or exact where the row sees few
 //    keys: common/dsum.hpp) and the lse in log2 units (+inf where no key is seen, and on the
-//    padding rows, so that P = 0 there), and the row's dQ accumulator zeroed.
+//    padding rows, so that P = 0 there), and the row's dQ accumulator zeroed (deterministic: and
+//    its block's dQ add count).
 // 2. bwd_kernel: one CTA per (key block, KV head, batch), warp-specialised: warpgroup 0's first
 //    thread loads (BwdMainloop::load) and its second warp adds each step's dQ into the accumulator
 //    (write_dq), warpgroups 1-2 compute (BwdMainloop::mma) and store dK, dV.
@@ -25,7 +26,7 @@ namespace flashcute::sm90 {
 // Grid (padded rows / 64, nheads, batch), 256 threads: four threads a row.
 template <class Element, int kHeadDim>
 __global__ void __launch_bounds__(256) bwd_preprocess_kernel(const BwdParams p, float* dpsum, float* lse2,
-                                                             float* dq_accum, int padded_rows) {
+                                                             float* dq_accum, int* dq_semaphore, int padded_rows) {
   constexpr int kGroup = 4;
   const int m0 = int(blockIdx.x) * 64, head = int(blockIdx.y), batch = int(blockIdx.z);
   const int row = m0 + int(threadIdx.x) / kGroup, part = int(threadIdx.x) % kGroup;
@@ -58,6 +59,7 @@ __global__ void __launch_bounds__(256) bwd_preprocess_kernel(const BwdParams p, 
     dpsum[bh * padded_rows + row] = d;
     lse2[bh * padded_rows + row] = lse == -INFINITY ? INFINITY : lse * kLog2e;
   }
+  if (dq_semaphore != nullptr && threadIdx.x == 0) dq_semaphore[bh * (padded_rows / 64) + blockIdx.x] = 0;
   float4* acc = reinterpret_cast<float4*>(dq_accum + (bh * padded_rows + m0) * kHeadDim);
   for (int i = int(threadIdx.x); i < 64 * kHeadDim / 4; i += 256) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
 }
@@ -81,7 +83,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(__grid_consta
     // Warp 0 loads (one thread), warp 1 writes dQ; the others have nothing to do.
     cutlass::arch::warpgroup_reg_dealloc<Traits::kConfig.producer_regs>();
     const int warp = cutlass::canonical_warp_idx_sync();
-    if (warp == 1) mainloop.write_dq(tile);
+    if (warp == 1) mainloop.write_dq(tile, keys);
     if (warp != 0 || !cute::elect_one_sync()) return;
     mainloop.load(tile);
     return;

@@ -34,8 +34,10 @@ Status launch_bwd(const BwdParams& params, cudaStream_t stream) {
   float* dpsum = p.dsum;
   float* lse2 = p.dsum + rows;
   float* dq_accum = p.dsum + 2 * rows;
+  int* dq_semaphore = p.deterministic ? reinterpret_cast<int*>(dq_accum + rows * kHeadDim) : nullptr;
   const dim3 grid_rows(unsigned(padded / 64), unsigned(p.nheads), unsigned(p.batch));
-  bwd_preprocess_kernel<Element, kHeadDim><<<grid_rows, 256, 0, stream>>>(p, dpsum, lse2, dq_accum, padded);
+  bwd_preprocess_kernel<Element, kHeadDim><<<grid_rows, 256, 0, stream>>>(p, dpsum, lse2, dq_accum, dq_semaphore,
+                                                                         padded);
   FLASHCUTE_CUDA_CHECK(cudaGetLastError());
 
   auto gmem = [&](const void* ptr, int rows_, int heads, int64_t row_stride, int64_t head_stride, int64_t batch_stride) {
@@ -51,6 +53,7 @@ Status launch_bwd(const BwdParams& params, cudaStream_t stream) {
       dpsum,
       lse2,
       dq_accum,
+      dq_semaphore,
       padded,
       make_tma_copy(SM90_TMA_LOAD{}, q, take<0, 2>(typename Traits::SmemLayoutQ{})),
       make_tma_copy(SM90_TMA_LOAD{}, dout, take<0, 2>(typename Traits::SmemLayoutQ{})),

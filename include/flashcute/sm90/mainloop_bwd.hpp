@@ -16,27 +16,10 @@
 #include "flashcute/common/params.hpp"
 #include "flashcute/sm90/gmma.hpp"
 #include "flashcute/sm90/pipeline.hpp"
+#include "flashcute/sm90/scheduler.hpp"
 #include "flashcute/sm90/traits_bwd.hpp"
 
 namespace flashcute::sm90 {
-
-// The work of one CTA: keys [n_block * BLK_N, +BLK_N) of KV head head_k in batch `batch`, against
-// query blocks [m_first, m_last) of each query head of the group.
-struct BwdTile {
-  int n_block, head_k, batch;
-  int m_first, m_last;
-};
-
-template <int kBlockM, int kBlockN>
-CUTE_HOST_DEVICE BwdTile bwd_tile(const BwdParams& p, const KeyMask& keys, int n_block, int head_k, int batch) {
-  const int key_lo = n_block * kBlockN;
-  const int key_hi = cute::min(key_lo + kBlockN, p.seqlen_k) - 1;  // the block's last key
-  const int q_lo = keys.query_begin(key_lo);
-  const int q_hi = keys.query_end(key_hi, p.seqlen_q);
-  BwdTile t{n_block, head_k, batch, 0, 0};
-  if (q_hi > q_lo) t.m_first = q_lo / kBlockM, t.m_last = (q_hi + kBlockM - 1) / kBlockM;
-  return t;
-}
 
 // dst[0, bytes) = src[0, bytes) by the TMA unit, counted on `bar` (one thread; 16-byte aligned).
 CUTE_DEVICE void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t& bar) {
@@ -52,6 +35,23 @@ CUTE_DEVICE void bulk_reduce_add(float* dst, const float* src, uint32_t bytes) {
   asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(dst),
                "r"(cute::cast_smem_ptr_to_uint(src)), "r"(bytes)
                : "memory");
+}
+
+// Deterministic dQ (BwdKernelParams::dq_semaphore): a block's adds go in turn. wait_turn spins
+// until the block's count says it is this CTA's turn; pass_turn waits for the add to land in
+// global memory (wait_group, not wait_group.read, which only says the source was read) and
+// counts it. The proxy fences order the async-proxy reduces with the generic-proxy counter.
+CUTE_DEVICE void wait_turn(const int* sem, int turn) {
+  int count;
+  do {
+    asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(count) : "l"(sem) : "memory");
+  } while (count != turn);
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+}
+CUTE_DEVICE void pass_turn(int* sem) {
+  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+  asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(sem) : "memory");
 }
 
 template <class Traits>
@@ -120,12 +120,13 @@ struct BwdMainloop {
   }
 
   // The dQ writer, one warp: each step's dQ from shared memory into the global accumulator.
-  CUTE_DEVICE void write_dq(const BwdTile& tile) const {
+  CUTE_DEVICE void write_dq(const BwdTile& tile, const KeyMask& keys) const {
     using cutlass::arch::NamedBarrier;
     const BwdParams& p = kp.params;
     const int group = p.nheads / p.nheads_k;
     constexpr int kThreads = Traits::kMmaThreads + 32;
     constexpr uint32_t kBytes = kBlockM * kHeadDim * sizeof(float);
+    static_assert(kBlockM == 64, "the workspace has one dQ add count per 64 rows (config.hpp)");
     const bool leader = cute::elect_one_sync();
     NamedBarrier::arrive(kThreads, NamedBarriers::kBwdDqEmpty);  // the buffer starts empty
     for (int g = 0; g < group; ++g) {
@@ -134,9 +135,14 @@ struct BwdMainloop {
       for (int m = tile.m_first; m < tile.m_last; ++m) {
         NamedBarrier::sync(kThreads, NamedBarriers::kBwdDqFull);
         if (leader) {
+          int* sem = kp.dq_semaphore == nullptr ? nullptr : kp.dq_semaphore + bh * (kp.padded_rows / kBlockM) + m;
+          if (sem) wait_turn(sem, bwd_dq_turn<kBlockM, kBlockN>(p, keys, tile.n_block, m));
           bulk_reduce_add(dq_accum + int64_t(m) * kBlockM * kHeadDim, storage.dq.data(), kBytes);
           cute::tma_store_arrive();
-          cute::tma_store_wait<0>();  // shared memory read: the buffer may be rewritten
+          if (sem)
+            pass_turn(sem);  // landed, so also read
+          else
+            cute::tma_store_wait<0>();  // shared memory read: the buffer may be rewritten
         }
         __syncwarp();
         NamedBarrier::arrive(kThreads, NamedBarriers::kBwdDqEmpty);

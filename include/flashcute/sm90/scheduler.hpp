@@ -1,4 +1,5 @@
-// flashcute/sm90/scheduler.hpp: the persistent tile scheduler of the sm90a forward kernel.
+// flashcute/sm90/scheduler.hpp: the persistent tile scheduler of the sm90a forward kernel, and
+// the backward's walk (BwdTile, at the end).
 //
 // A tile is BLK_M query rows of one (batch, head), `hb` = batch * nheads + head. The work comes in
 // units: one tile, or, for causal masks (`pair_tiles`), query tiles p and m_blocks - 1 - p of one
@@ -282,6 +283,36 @@ TileSchedule plan_tile_schedule(bool pair_tiles, unsigned m_blocks, unsigned hea
     if (span < best * 0.999) best = span, chosen = s;  // a tie keeps fewer heads in flight (L2)
   }
   return chosen;
+}
+
+// The backward: one CTA per (key block, KV head, batch) walks the query blocks [m_first, m_last)
+// whose rows see its keys (the mask's band: KeyMask::query_begin/query_end), for each query head
+// of the group.
+struct BwdTile {
+  int n_block, head_k, batch;
+  int m_first, m_last;
+};
+
+template <int kBlockM, int kBlockN>
+CUTE_HOST_DEVICE BwdTile bwd_tile(const BwdParams& p, const KeyMask& keys, int n_block, int head_k, int batch) {
+  const int key_lo = n_block * kBlockN;
+  const int key_hi = cute::min(key_lo + kBlockN, p.seqlen_k) - 1;  // the block's last key
+  const int q_lo = keys.query_begin(key_lo);
+  const int q_hi = keys.query_end(key_hi, p.seqlen_q);
+  BwdTile t{n_block, head_k, batch, 0, 0};
+  if (q_hi > q_lo) t.m_first = q_lo / kBlockM, t.m_last = (q_hi + kBlockM - 1) / kBlockM;
+  return t;
+}
+
+// Deterministic dQ: the key blocks that add into query block m take turns, and this is key block
+// n_block's (0 for the first). They are KeyMask::key_blocks(m), the blocks whose bwd_tile holds m
+// (the host tests check that the two agree), in the order they reach m: with a right bound
+// (causal, windows) a later key block starts at a later query block and reaches m in fewer steps,
+// so the last goes first; without one every block starts at query block 0, first goes first.
+template <int kBlockM, int kBlockN>
+CUTE_HOST_DEVICE int bwd_dq_turn(const BwdParams& p, const KeyMask& keys, int n_block, int m) {
+  const KeyMask::Blocks kb = keys.key_blocks(m * kBlockM, kBlockM, p.seqlen_q, kBlockN);
+  return keys.window_right >= 0 ? kb.last - 1 - n_block : n_block - kb.first;
 }
 
 }  // namespace flashcute::sm90

@@ -119,6 +119,9 @@ struct BwdKernelParams {
   // (batch, nheads, padded rows / BLK_M, BLK_M x kernel head dim), zeroed by the preprocess; each
   // block of rows in the fragment order of SharedStorage::dq (the postprocess reorders it).
   float* dq_accum;
+  // deterministic: one add count per (batch, head, block of BLK_M rows), zeroed by the preprocess,
+  // that orders the key blocks' dQ adds (wait_turn); nullptr otherwise.
+  int* dq_semaphore;
   int padded_rows;
   typename Traits::TmaQ tma_q;
   typename Traits::TmaQ tma_do;

@@ -122,7 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     t.add_argument(
         "--impls", type=_impl_list, default=list(DEFAULT_IMPLS),
-        help=f"implementations (default {_csv(DEFAULT_IMPLS)}; also flashcute-base: the first sm90 tile table only)"
+        help=f"implementations (default {_csv(DEFAULT_IMPLS)}; also flashcute-base: the first sm90 tile table "
+             "only; flashcute-sm90bwd: the Hopper backward forced; flashcute-det: deterministic=True)"
     )
     t.add_argument(
         "--framework",

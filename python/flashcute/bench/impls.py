@@ -124,14 +124,16 @@ class Flashcute(Impl):
     records the kernel family and tile that ran (``layout`` "path sm90 128x128"); ``path`` forces a
     family through FLASHCUTE_FORWARD_PATH ("flashcute-sm80": the mma.sync kernels on any GPU), and
     ``tiles`` an sm90 tile table through FLASHCUTE_SM90_TILES ("flashcute-base": the first table's
-    tiles only, to measure what the second table's choice gains)."""
+    tiles only, to measure what the second table's choice gains); ``deterministic`` is
+    flash_attn_func's, for the backward passes ("flashcute-det")."""
 
     def __init__(self, name: str = SUBJECT, path: str | None = None, tiles: str | None = None,
-                 bwd_path: str | None = None) -> None:
+                 bwd_path: str | None = None, deterministic: bool = False) -> None:
         self.name = name
         self.path = path
         self.tiles = tiles
         self.bwd_path = bwd_path  # FLASHCUTE_BACKWARD_PATH for the backward passes (None: as it is)
+        self.deterministic = deterministic
 
     def prepare(self, point: Point, input_sets: Sequence[Inputs], softmax_scale: float) -> Runner:
         import flashcute
@@ -159,7 +161,8 @@ class Flashcute(Impl):
             with context():
                 return grad_runner(point, input_sets,
                                    lambda q, k, v: flashcute.flash_attn_func(q, k, v, softmax_scale=softmax_scale,
-                                                                             causal=point.causal),
+                                                                             causal=point.causal,
+                                                                             deterministic=self.deterministic),
                                    context=context)
 
         calls = [call(x) for x in input_sets]
@@ -292,6 +295,7 @@ IMPLS: dict[str, Impl] = {
         Flashcute("flashcute-sm80", path="sm80", bwd_path="sm80"),
         # The Hopper backward forced (FLASHCUTE_BACKWARD_PATH=sm90; the default takes it where it can).
         Flashcute("flashcute-sm90bwd", bwd_path="sm90"),
+        Flashcute("flashcute-det", deterministic=True),  # the backward with deterministic=True
         Flashcute("flashcute-base", tiles="base"),
         Sdpa("sdpa-flash", "FLASH_ATTENTION"),
         Sdpa("sdpa-cudnn", "CUDNN_ATTENTION"),
@@ -302,4 +306,5 @@ IMPLS: dict[str, Impl] = {
 # What a run times unless --impls says otherwise: every implementation but the forced tile table,
 # which only A/B comparisons of the two tables ask for (fa4 is left out of a run, with a line saying
 # so, where it does not import).
-DEFAULT_IMPLS: tuple[str, ...] = tuple(name for name in IMPLS if name not in ("flashcute-base", "flashcute-sm90bwd"))
+DEFAULT_IMPLS: tuple[str, ...] = tuple(name for name in IMPLS
+                                       if name not in ("flashcute-base", "flashcute-sm90bwd", "flashcute-det"))
