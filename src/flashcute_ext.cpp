@@ -39,16 +39,12 @@ using namespace nb::literals;
 
 namespace flashcute_ext {
 
-// The sm80 backward's workspace, or, where the call may run on the sm90 backward (a kernel for
-// this head dim and dtype compiled, `device` of compute capability 9.0), the larger sm90 one.
+// The sm80 backward's workspace, or, where the call may run on the sm90 backward, the larger sm90
+// one (flashcute::bwd_workspace_floats with the head dim and dtype; head_dim 0: the sm80 size).
 int64_t bwd_workspace_floats(int64_t batch, int64_t nheads, int64_t seqlen_q, int head_dim, const std::string& dtype,
                              int device) {
-  const int64_t sm80 = flashcute::bwd_workspace_floats(batch, nheads, seqlen_q);
-  if (head_dim <= 0) return sm80;
-  const int hd = flashcute::kernel_head_dim(head_dim, dtype_from_name(dtype.c_str()), flashcute::Direction::kBwd,
-                                            flashcute::Arch::kSm90);
-  if (hd == 0 || !flashcute::device_is_sm90(device)) return sm80;
-  return std::max(sm80, flashcute::sm90::bwd_workspace_floats(batch, nheads, seqlen_q, hd));
+  if (head_dim <= 0) return flashcute::bwd_workspace_floats(batch, nheads, seqlen_q);
+  return flashcute::bwd_workspace_floats(batch, nheads, seqlen_q, head_dim, dtype_from_name(dtype.c_str()), device);
 }
 
 // ---------------------------------------------------------------------------

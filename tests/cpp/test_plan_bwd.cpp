@@ -118,6 +118,19 @@ TEST(PlanBwd, NamesTheSm90KernelWhereItCanRun) {
   EXPECT_TRUE(p.params.deterministic);
 }
 
+// The workspace for the fastest path: the sm90 size where this build and the current device can
+// run the sm90 backward, else the sm80 size; head dim 0 asks for the sm80 size.
+TEST(PlanBwd, WorkspaceForTheFastestPath) {
+  const int64_t sm80 = flashcute::bwd_workspace_floats(2, 8, 100);
+  EXPECT_EQ(flashcute::bwd_workspace_floats(2, 8, 100, 0, DType::kBFloat16), sm80);
+  const int hd = flashcute::kernel_head_dim(128, DType::kBFloat16, flashcute::Direction::kBwd, flashcute::Arch::kSm90);
+  const bool sm90 = flashcute::device_is_sm90();
+  (void)cudaGetLastError();  // without a GPU the query fails (not sticky)
+  const int64_t n = flashcute::bwd_workspace_floats(2, 8, 100, 128, DType::kBFloat16);
+  (void)cudaGetLastError();
+  EXPECT_EQ(n, hd > 0 && sm90 ? flashcute::sm90::bwd_workspace_floats(2, 8, 100, hd) : sm80);
+}
+
 TEST(PlanBwd, Sm90CanRunSaysWhyNot) {
   flashcute::BwdParams p;
   p.batch = 1, p.seqlen_q = 10, p.seqlen_k = 10, p.nheads = 1, p.nheads_k = 1, p.head_dim = 64;

@@ -28,7 +28,8 @@ inline Status run_fwd(const FwdArgs& args, cudaStream_t stream) {
 }
 
 // The backward: dq, dk and dv from dout and the forward's q, k, v, out and lse (host/validate_bwd.hpp
-// lists the arrays; args.workspace holds bwd_workspace_floats() float32s). Same rules as run_fwd.
+// lists the arrays; args.workspace holds bwd_workspace_floats(batch, nheads, seqlen_q, head_dim,
+// dtype) float32s for the fastest path, host/dispatch.hpp). Same rules as run_fwd.
 inline Status run_bwd(const BwdArgs& args, cudaStream_t stream) {
   BwdPlan plan;
   Status st = plan_bwd(args, plan);

@@ -7,6 +7,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -166,6 +167,19 @@ inline Status forward_path_setting(ForwardPath& path) {
 inline bool device_is_sm90(int device = -1) {
   return device_attribute<cudaDevAttrComputeCapabilityMajor>(device) == 9 &&
          device_attribute<cudaDevAttrComputeCapabilityMinor>(device) == 0;
+}
+
+// The float32 workspace a fixed-length backward call needs for the fastest path it may take on
+// `device` (-1: the current one): the sm80 backward's, or, where the sm90 backward may take it (a
+// kernel for this head dim and dtype in the build, a compute capability 9.0 device), the larger
+// sm90 one. The sm80 size (the three-argument bwd_workspace_floats) stays valid: it keeps the
+// call on the sm80 kernels.
+inline int64_t bwd_workspace_floats(int64_t batch, int64_t nheads, int64_t seqlen_q, int head_dim, DType dtype,
+                                    int device = -1) {
+  const int64_t sm80 = bwd_workspace_floats(batch, nheads, seqlen_q);
+  const int hd = head_dim > 0 ? kernel_head_dim(head_dim, dtype, Direction::kBwd, Arch::kSm90) : 0;
+  if (hd == 0 || !device_is_sm90(device)) return sm80;
+  return std::max(sm80, sm90::bwd_workspace_floats(batch, nheads, seqlen_q, hd));
 }
 
 // The kernel family the last forward launch of this process ran on (sm80 before any): a
