@@ -21,11 +21,11 @@
 
 namespace flashcute::sm90 {
 
-template <DType kDType, int kHeadDim>
-Status launch_bwd(const BwdParams& params, cudaStream_t stream) {
-  static_assert(has_bwd_config(kHeadDim), "no sm90 backward config for this head dim (traits_bwd.hpp)");
-  using Traits = BwdTraits<kDType, default_bwd_config(kHeadDim)>;
+// The three kernels of one config (BwdTraits); launch_bwd picks the tile table's.
+template <class Traits>
+Status launch_bwd_with(const BwdParams& params, cudaStream_t stream) {
   using Element = typename Traits::Element;
+  constexpr int kHeadDim = Traits::kHeadDim;
   using namespace cute;
   if (Status st = tma_encoder_available(); !st.ok()) return st;
   const BwdParams& p = params;
@@ -67,9 +67,16 @@ Status launch_bwd(const BwdParams& params, cudaStream_t stream) {
                   unsigned(p.batch));
   kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(kp);
   FLASHCUTE_CUDA_CHECK(cudaGetLastError());
-  bwd_postprocess_kernel<Traits><<<grid_rows, Traits::kMmaThreads, 0, stream>>>(p, dq_accum, padded);
+  const dim3 grid_blocks(unsigned(padded / Traits::kBlockM), unsigned(p.nheads), unsigned(p.batch));
+  bwd_postprocess_kernel<Traits><<<grid_blocks, Traits::kMmaThreads, 0, stream>>>(p, dq_accum, padded);
   FLASHCUTE_CUDA_CHECK(cudaGetLastError());
   return Status::success();
+}
+
+template <DType kDType, int kHeadDim>
+Status launch_bwd(const BwdParams& params, cudaStream_t stream) {
+  static_assert(has_bwd_config(kHeadDim), "no sm90 backward config for this head dim (traits_bwd.hpp)");
+  return launch_bwd_with<BwdTraits<kDType, default_bwd_config(kHeadDim)>>(params, stream);
 }
 
 }  // namespace flashcute::sm90
