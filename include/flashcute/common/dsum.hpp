@@ -9,6 +9,8 @@
 // therefore take D = sum_j P_ij (dO_i . v_j), recomputed in fp32 from q, k, v and the lse.
 #pragma once
 
+#include <climits>
+
 #include <cute/tensor.hpp>
 
 #include "flashcute/common/params.hpp"
@@ -19,61 +21,92 @@ namespace flashcute {
 // gives the error and the cost behind 64).
 constexpr int kExactDsumKeys = 64;
 
-// A row's inputs for the exact D: row pointers, key-0 pointers of its KV head, and its keys.
+// A row's inputs: row pointers, key-0 pointers of its KV head, and its visible keys.
 template <class Element>
 struct DsumRow {
   const Element* q;     // query row
   const Element* dout;  // its dO row
+  const Element* o;     // its O row
   const Element* k;     // key 0 of the row's KV head
   const Element* v;
   int64_t k_row_stride, v_row_stride;
   int key_begin, key_end;  // visible keys [key_begin, key_end), clamped
 };
 
-// Sum over the kGroup lanes (aligned, consecutive) that share a row. `lanes` is their mask.
+// Sum over the kGroup lanes (aligned, consecutive) that share a row; every lane of the warp calls it.
 template <int kGroup>
-CUTE_DEVICE float group_sum(float x, unsigned lanes) {
+CUTE_DEVICE float group_sum(float x) {
   CUTE_UNROLL
-  for (int o = 1; o < kGroup; o *= 2) x += __shfl_xor_sync(lanes, x, o);
+  for (int o = 1; o < kGroup; o *= 2) x += __shfl_xor_sync(0xffffffffu, x, o);
   return x;
 }
 
-// dO . o over head_dim elements, 8 a lane per step (16-byte loads: strides are multiples of 8),
-// lane `part` of kGroup; every lane of the group gets the sum.
-template <int kGroup, class Element>
-CUTE_DEVICE float group_dot(const Element* a, const Element* b, int head_dim, int part, unsigned lanes) {
-  float acc = 0.f;
-  for (int c = part * 8; c < head_dim; c += kGroup * 8) {
-    const uint4 x = *reinterpret_cast<const uint4*>(a + c);
-    const uint4 y = *reinterpret_cast<const uint4*>(b + c);
-    const Element* ex = reinterpret_cast<const Element*>(&x);
-    const Element* ey = reinterpret_cast<const Element*>(&y);
-    CUTE_UNROLL
-    for (int e = 0; e < 8; ++e) acc += float(ex[e]) * float(ey[e]);
-  }
-  return group_sum<kGroup>(acc, lanes);
-}
+// A row's head_dim elements as lane `part` of kGroup holds them: 8 elements (16 bytes: strides are
+// multiples of 8) at columns (part + i kGroup) 8, zero past head_dim. Compile-time sized, so that
+// every load of a row is in flight at once.
+template <int kGroup, int kMaxHeadDim>
+struct RowChunks {
+  static constexpr int kChunks = (kMaxHeadDim + 8 * kGroup - 1) / (8 * kGroup);
+  uint4 v[kChunks];
 
-// D = sum_j P_ij (dO_i . v_j) over the row's visible keys, P from the forward's lse (natural
-// log units, as the forward returns it) and the scores' scale and softcap. lse = -inf (no key)
-// gives 0.
-template <int kGroup, class Element>
-CUTE_DEVICE float exact_dsum(const DsumRow<Element>& r, const FwdParams& p, float lse, int head_dim, int part,
-                             unsigned lanes) {
+  // head_dim 0 loads nothing: zeros.
+  template <class Element>
+  CUTE_DEVICE void load(const Element* row, int head_dim, int part) {
+    CUTE_UNROLL
+    for (int i = 0; i < kChunks; ++i) {
+      const int c = (part + i * kGroup) * 8;
+      v[i] = c < head_dim ? *reinterpret_cast<const uint4*>(row + c) : make_uint4(0, 0, 0, 0);
+    }
+  }
+  // This lane's part of the dot product with `o`.
+  template <class Element>
+  CUTE_DEVICE float dot(const RowChunks& o) const {
+    float acc = 0.f;
+    CUTE_UNROLL
+    for (int i = 0; i < kChunks; ++i) {
+      const Element* x = reinterpret_cast<const Element*>(&v[i]);
+      const Element* y = reinterpret_cast<const Element*>(&o.v[i]);
+      CUTE_UNROLL
+      for (int e = 0; e < 8; ++e) acc += float(x[e]) * float(y[e]);
+    }
+    return acc;
+  }
+};
+
+// D of this lane's row, lane `part` of the kGroup lanes that share it; every lane of the warp
+// calls it together (rows >= seqlen_q with valid = false), so that the warp stays converged: the
+// exact rows' key loop runs over the union of the warp's exact rows' keys, each row adding only
+// its own.
+// P comes from the forward's lse (natural log units); lse = -inf (no key) gives 0.
+template <int kGroup, int kMaxHeadDim, class Element>
+CUTE_DEVICE float row_dsum(const DsumRow<Element>& r, bool valid, const FwdParams& p, float lse, int head_dim,
+                           int part) {
   constexpr float kLog2e = 1.4426950408889634f;
-  if (lse == -INFINITY) return 0.f;
+  const bool exact = valid && r.key_end - r.key_begin <= kExactDsumKeys;
+  RowChunks<kGroup, kMaxHeadDim> a, b;
+  a.load(r.o, valid && !exact ? head_dim : 0, part);
+  b.load(r.dout, valid ? head_dim : 0, part);
+  float d = group_sum<kGroup>(a.template dot<Element>(b));
+  const int first = __reduce_min_sync(0xffffffffu, exact ? r.key_begin : INT_MAX);
+  const int last = __reduce_max_sync(0xffffffffu, exact ? r.key_end : INT_MIN);
+  if (first >= last) return d;
   const bool softcap = p.softcap > 0.f;
   const float exp_scale = (softcap ? p.softcap : p.softmax_scale) * kLog2e;
   const float prescale = softcap ? p.softmax_scale / p.softcap : 0.f;
   const float lse2 = lse * kLog2e;
-  float d = 0.f;
-  for (int j = r.key_begin; j < r.key_end; ++j) {
-    float s = group_dot<kGroup>(r.q, r.k + j * r.k_row_stride, head_dim, part, lanes);
-    const float dp = group_dot<kGroup>(r.dout, r.v + j * r.v_row_stride, head_dim, part, lanes);
+  a.load(r.q, exact ? head_dim : 0, part);
+  float exact_d = 0.f;
+  for (int j = first; j < last; ++j) {
+    const bool mine = exact && j >= r.key_begin && j < r.key_end && lse != -INFINITY;
+    RowChunks<kGroup, kMaxHeadDim> k, v;
+    k.load(r.k + j * r.k_row_stride, mine ? head_dim : 0, part);
+    v.load(r.v + j * r.v_row_stride, mine ? head_dim : 0, part);
+    float s = group_sum<kGroup>(a.template dot<Element>(k));
+    const float dp = group_sum<kGroup>(b.template dot<Element>(v));
     if (softcap) s = tanhf(s * prescale);
-    d += exp2f(s * exp_scale - lse2) * dp;
+    if (mine) exact_d += exp2f(s * exp_scale - lse2) * dp;
   }
-  return d;
+  return exact ? exact_d : d;
 }
 
 }  // namespace flashcute

@@ -110,30 +110,25 @@ __global__ void __launch_bounds__(256) bwd_dsum_kernel(__grid_constant__ const B
   const int batch = blockIdx.z;
   const int row = int(blockIdx.x) * (256 / kGroup) + int(threadIdx.x) / kGroup;
   const int part = int(threadIdx.x) % kGroup;
-  const unsigned lanes = 0xffu << (threadIdx.x % 32 / kGroup * kGroup);
   const BwdSeqlen seq(params, batch);
-  if (row >= seq.seqlen_q) return;
+  const bool valid = row < seq.seqlen_q;  // the others join row_dsum's warp-wide steps only
+  const int r = valid ? row : 0;
   // 16-byte loads: the row and head strides are multiples of 8 elements (plan_bwd).
-  auto const* dout = static_cast<Element const*>(params.dout) + seq.do_offset + head * params.do_head_stride +
-                     row * params.do_row_stride;
+  const int head_k = head / (params.nheads / params.nheads_k);
   const KeyMask mask{seq.seqlen_k, seq.seqlen_k - seq.seqlen_q, params.window_left, params.window_right};
-  const int key_begin = cute::max(0, mask.key_begin(row)), key_end = mask.key_end(row);
-  float d;
-  if (key_end - key_begin <= kExactDsumKeys) {
-    const int head_k = head / (params.nheads / params.nheads_k);
-    const DsumRow<Element> r{
-        static_cast<Element const*>(params.q) + seq.q_offset + head * params.q_head_stride + row * params.q_row_stride,
-        dout,
-        static_cast<Element const*>(params.k) + seq.k_offset + head_k * params.k_head_stride,
-        static_cast<Element const*>(params.v) + seq.v_offset + head_k * params.v_head_stride,
-        params.k_row_stride, params.v_row_stride, key_begin, key_end};
-    const float lse = params.lse[seq.lse_offset + head * params.lse_head_stride + row];
-    d = exact_dsum<kGroup>(r, params, lse, params.head_dim, part, lanes);
-  } else {
-    auto const* o = static_cast<Element const*>(params.o) + seq.o_offset + head * params.o_head_stride +
-                    row * params.o_row_stride;
-    d = group_dot<kGroup>(o, dout, params.head_dim, part, lanes);
-  }
+  const DsumRow<Element> rd{
+      static_cast<Element const*>(params.q) + seq.q_offset + head * params.q_head_stride + r * params.q_row_stride,
+      static_cast<Element const*>(params.dout) + seq.do_offset + head * params.do_head_stride + r * params.do_row_stride,
+      static_cast<Element const*>(params.o) + seq.o_offset + head * params.o_head_stride + r * params.o_row_stride,
+      static_cast<Element const*>(params.k) + seq.k_offset + head_k * params.k_head_stride,
+      static_cast<Element const*>(params.v) + seq.v_offset + head_k * params.v_head_stride,
+      params.k_row_stride,
+      params.v_row_stride,
+      cute::max(0, mask.key_begin(r)),
+      mask.key_end(r)};
+  const float lse = valid ? params.lse[seq.lse_offset + head * params.lse_head_stride + row] : -INFINITY;
+  const float d = row_dsum<kGroup, 256>(rd, valid, params, lse, params.head_dim, part);
+  if (!valid) return;
   if (part == 0) params.dsum[seq.dsum_offset + int64_t(head) * seq.dsum_head_stride + row] = d;
 }
 

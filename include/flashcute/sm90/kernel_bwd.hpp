@@ -30,29 +30,24 @@ __global__ void __launch_bounds__(256) bwd_preprocess_kernel(const BwdParams p, 
   constexpr int kGroup = 4;
   const int m0 = int(blockIdx.x) * 64, head = int(blockIdx.y), batch = int(blockIdx.z);
   const int row = m0 + int(threadIdx.x) / kGroup, part = int(threadIdx.x) % kGroup;
-  const unsigned lanes = 0xfu << (threadIdx.x % 32 / kGroup * kGroup);
-  const float lse = row < p.seqlen_q ? p.lse[batch * p.lse_batch_stride + head * p.lse_head_stride + row] : -INFINITY;
-  float d = 0.f;
-  if (row < p.seqlen_q) {
-    const Element* dout = static_cast<const Element*>(p.dout) + batch * p.do_batch_stride + row * p.do_row_stride +
-                          head * p.do_head_stride;
-    const KeyMask mask{p.seqlen_k, p.seqlen_k - p.seqlen_q, p.window_left, p.window_right};
-    const int key_begin = cute::max(0, mask.key_begin(row)), key_end = mask.key_end(row);
-    if (key_end - key_begin <= kExactDsumKeys) {  // exact D (common/dsum.hpp)
-      const int head_k = head / (p.nheads / p.nheads_k);
-      const DsumRow<Element> r{
-          static_cast<const Element*>(p.q) + batch * p.q_batch_stride + row * p.q_row_stride + head * p.q_head_stride,
-          dout,
-          static_cast<const Element*>(p.k) + batch * p.k_batch_stride + head_k * p.k_head_stride,
-          static_cast<const Element*>(p.v) + batch * p.v_batch_stride + head_k * p.v_head_stride,
-          p.k_row_stride, p.v_row_stride, key_begin, key_end};
-      d = exact_dsum<kGroup>(r, p, lse, p.head_dim, part, lanes);
-    } else {
-      const Element* o = static_cast<const Element*>(p.o) + batch * p.o_batch_stride + row * p.o_row_stride +
-                         head * p.o_head_stride;
-      d = group_dot<kGroup>(o, dout, p.head_dim, part, lanes);
-    }
-  }
+  const bool valid = row < p.seqlen_q;
+  const int r = valid ? row : 0;  // padding rows read nothing, but keep their pointers in bounds
+  const float lse = valid ? p.lse[batch * p.lse_batch_stride + head * p.lse_head_stride + row] : -INFINITY;
+  const KeyMask mask{p.seqlen_k, p.seqlen_k - p.seqlen_q, p.window_left, p.window_right};
+  const int head_k = head / (p.nheads / p.nheads_k);
+  auto at = [&](const void* base, int64_t batch_stride, int64_t row_stride, int64_t head_stride, int h, int i) {
+    return static_cast<const Element*>(base) + batch * batch_stride + i * row_stride + h * head_stride;
+  };
+  const DsumRow<Element> rd{at(p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride, head, r),
+                            at(p.dout, p.do_batch_stride, p.do_row_stride, p.do_head_stride, head, r),
+                            at(p.o, p.o_batch_stride, p.o_row_stride, p.o_head_stride, head, r),
+                            at(p.k, p.k_batch_stride, 0, p.k_head_stride, head_k, 0),
+                            at(p.v, p.v_batch_stride, 0, p.v_head_stride, head_k, 0),
+                            p.k_row_stride,
+                            p.v_row_stride,
+                            cute::max(0, mask.key_begin(r)),
+                            mask.key_end(r)};
+  const float d = row_dsum<kGroup, kHeadDim>(rd, valid, p, lse, p.head_dim, part);
   const int64_t bh = int64_t(batch) * p.nheads + head;
   if (part == 0) {
     constexpr float kLog2e = 1.4426950408889634f;
