@@ -194,7 +194,7 @@ std::vector<Case> make_cases() {
     cases.push_back({dtype, 1, 40, 70, 2, 2, 192});
     cases.push_back({dtype, 1, 33, 0, 2, 2, 64});   // no keys: dq = 0
     cases.push_back({dtype, 1, 0, 33, 2, 2, 64});   // no queries: dk = dv = 0
-    // Shapes for the sm90 backward's tiles (64 queries x 128 keys a CTA): ragged blocks on both
+    // Shapes for the sm90 backward's tiles (64 or 128 queries x 128 keys a CTA): ragged blocks on both
     // sides, GQA, a query block across the causal diagonal, one query, several CTAs of keys.
     cases.push_back({dtype, 2, 300, 517, 8, 2, 128});
     cases.push_back({dtype, 1, 1000, 1000, 2, 2, 64, true});

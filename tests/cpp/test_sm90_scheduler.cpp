@@ -157,8 +157,8 @@ TEST(Sm90Scheduler, TheTailEvensOutCausalRounds) {
 // blocks (KeyMask::key_blocks), and its dQ turn there counts the blocks before it (in the turn
 // order: descending with a right bound) that visit m, so the deterministic mode's turns are
 // 0, 1, 2, ... with no gap (a gap would hang the kernel).
-TEST(Sm90Scheduler, BackwardTilesAndDqTurnsAgree) {
-  constexpr int kM = 64, kN = 128;
+template <int kM, int kN>
+void check_backward_tiles_and_dq_turns() {
   uint32_t state = 12345;
   auto next = [&](int n) { state = state * 1664525u + 1013904223u; return int((state >> 8) % uint32_t(n)); };
   for (int trial = 0; trial < 400; ++trial) {
@@ -186,4 +186,9 @@ TEST(Sm90Scheduler, BackwardTilesAndDqTurnsAgree) {
       }
     }
   }
+}
+
+TEST(Sm90Scheduler, BackwardTilesAndDqTurnsAgree) {
+  check_backward_tiles_and_dq_turns<64, 128>();   // the tile table's d 128
+  check_backward_tiles_and_dq_turns<128, 128>();  // d 64
 }

@@ -161,14 +161,15 @@ struct BwdConfig {
 
 // The tile table of the sm90 backward; head_dim 0: none for this head dim.
 constexpr BwdConfig default_bwd_config(int head_dim) {
-  if (head_dim == 64) return {64, 64, 128};
+  if (head_dim == 64) return {64, 128, 128};
   if (head_dim == 128) return {128, 64, 128};
   return {0, 0, 0};
 }
 constexpr bool has_bwd_config(int head_dim) { return default_bwd_config(head_dim).head_dim == head_dim; }
 
-// A backward call's query rows rounded to whole blocks: the workspace's row count per head.
-constexpr int64_t bwd_padded_rows(int64_t seqlen_q) { return (seqlen_q + 63) / 64 * 64; }
+// A backward call's query rows rounded to 128, whole blocks of every block_m in the table: the
+// workspace's row count per head.
+constexpr int64_t bwd_padded_rows(int64_t seqlen_q) { return (seqlen_q + 127) / 128 * 128; }
 // The float32 workspace of an sm90 backward: D = rowsum(dO o O) and the lse in log2 units, one
 // per padded query row and head, then the dQ accumulator (padded rows x kernel head dim), then
 // the deterministic mode's add counts (int32, one per 64 padded rows and head).

@@ -89,7 +89,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(__grid_consta
 }
 
 // Grid (padded rows / BLK_M, nheads, batch), one thread per MMA thread of the main kernel: thread
-// t reads the values MMA thread t added (coalesced) and stores them where its fragment puts them.
+// t reads the values MMA thread t added (coalesced, BwdTraits::kDqChunk order) and stores them
+// where its fragment puts them.
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kMmaThreads) bwd_postprocess_kernel(const BwdParams p, const float* dq_accum,
                                                                              int padded_rows) {
@@ -101,13 +102,14 @@ __global__ void __launch_bounds__(Traits::kMmaThreads) bwd_postprocess_kernel(co
   const int64_t bh = int64_t(batch) * p.nheads + head;
   typename Traits::TiledMmaDQ mma_dq;
   Tensor tQcQ = mma_dq.get_thread_slice(t).partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
-  const float2* acc = reinterpret_cast<const float2*>(dq_accum + (bh * padded_rows + m0) * kHeadDim) + t;
+  const float2* acc = reinterpret_cast<const float2*>(dq_accum + (bh * padded_rows + m0) * kHeadDim +
+                                                     t / 128 * Traits::kDqChunk) + t % 128;
   Element* dq = static_cast<Element*>(p.dq) + batch * p.dq_batch_stride + head * p.dq_head_stride;
   const float s = p.softmax_scale;
   CUTE_UNROLL
   for (int i = 0; i < size(tQcQ); i += 2) {
     const int row = m0 + get<0>(tQcQ(i)), col = get<1>(tQcQ(i));
-    const float2 x = acc[i / 2 * Traits::kMmaThreads];
+    const float2 x = acc[i / 2 * 128];
     if (row < p.seqlen_q && col < p.head_dim) {
       Element pair[2] = {Element(x.x * s), Element(x.y * s)};
       *reinterpret_cast<uint32_t*>(dq + row * p.dq_row_stride + col) = *reinterpret_cast<const uint32_t*>(pair);

@@ -4,8 +4,9 @@
 //   into a `stages`-deep ring (pipeline.hpp), for every query head of the group and every query
 //   block that sees the CTA's keys. TMA zero-fills rows and columns outside the arrays.
 // - BwdMainloop::mma (the two MMA warpgroups): per step, S^T and dP^T, P^T and dS^T in registers,
-//   dV += P^T dO and dK += dS^T Q from registers, dS into shared memory, dQ = dS K, and dQ added
-//   into the fp32 accumulator in global memory. dK and dV stay in registers until the end.
+//   dV += P^T dO from registers, dS into shared memory, dQ = dS K, dK += dS^T Q from registers,
+//   and dQ staged for the writer warp while dK runs, which adds it into the fp32 accumulator in
+//   global memory. dK and dV stay in registers until the end.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -119,33 +120,45 @@ struct BwdMainloop {
     }
   }
 
-  // The dQ writer, one warp: each step's dQ from shared memory into the global accumulator.
+  // The dQ writer, one warp: each step's dQ, a chunk per MMA warpgroup, from shared memory into
+  // the global accumulator. Each chunk has its own full/empty barrier pair, so a warpgroup waits
+  // only for its own chunk's previous add to have been read.
   CUTE_DEVICE void write_dq(const BwdTile& tile, const KeyMask& keys) const {
     using cutlass::arch::NamedBarrier;
     const BwdParams& p = kp.params;
     const int group = p.nheads / p.nheads_k;
-    constexpr int kThreads = Traits::kMmaThreads + 32;
-    constexpr uint32_t kBytes = kBlockM * kHeadDim * sizeof(float);
-    static_assert(kBlockM == 64, "the workspace has one dQ add count per 64 rows (config.hpp)");
+    constexpr int kThreads = 128 + 32;
+    constexpr uint32_t kBytes = Traits::kDqChunk * sizeof(float);
+    static_assert(Traits::kMmaWarpgroups == 2, "two chunks: the waits below count them");
+    static_assert(kBlockM % 64 == 0, "the workspace has one dQ add count per 64 rows (config.hpp)");
     const bool leader = cute::elect_one_sync();
-    NamedBarrier::arrive(kThreads, NamedBarriers::kBwdDqEmpty);  // the buffer starts empty
+    for (int w = 0; w < 2; ++w) NamedBarrier::arrive(kThreads, NamedBarriers::kBwdDqEmpty + w);  // start empty
     for (int g = 0; g < group; ++g) {
       const int64_t bh = int64_t(tile.batch) * p.nheads + tile.head_k * group + g;
       float* dq_accum = kp.dq_accum + bh * kp.padded_rows * kHeadDim;
       for (int m = tile.m_first; m < tile.m_last; ++m) {
-        NamedBarrier::sync(kThreads, NamedBarriers::kBwdDqFull);
+        int* sem = kp.dq_semaphore == nullptr ? nullptr : kp.dq_semaphore + bh * (kp.padded_rows / kBlockM) + m;
+        for (int w = 0; w < 2; ++w) {
+          NamedBarrier::sync(kThreads, NamedBarriers::kBwdDqFull + w);
+          if (leader) {
+            if (sem && w == 0) wait_turn(sem, bwd_dq_turn<kBlockM, kBlockN>(p, keys, tile.n_block, m));
+            bulk_reduce_add(dq_accum + int64_t(m) * kBlockM * kHeadDim + w * Traits::kDqChunk,
+                            storage.dq.data() + w * Traits::kDqChunk, kBytes);
+            cute::tma_store_arrive();
+          }
+        }
+        // A chunk's buffer is free once its add has read it (deterministic: once it has landed).
         if (leader) {
-          int* sem = kp.dq_semaphore == nullptr ? nullptr : kp.dq_semaphore + bh * (kp.padded_rows / kBlockM) + m;
-          if (sem) wait_turn(sem, bwd_dq_turn<kBlockM, kBlockN>(p, keys, tile.n_block, m));
-          bulk_reduce_add(dq_accum + int64_t(m) * kBlockM * kHeadDim, storage.dq.data(), kBytes);
-          cute::tma_store_arrive();
           if (sem)
-            pass_turn(sem);  // landed, so also read
+            pass_turn(sem);
           else
-            cute::tma_store_wait<0>();  // shared memory read: the buffer may be rewritten
+            cute::tma_store_wait<1>();
         }
         __syncwarp();
-        NamedBarrier::arrive(kThreads, NamedBarriers::kBwdDqEmpty);
+        NamedBarrier::arrive(kThreads, NamedBarriers::kBwdDqEmpty + 0);
+        if (leader) cute::tma_store_wait<0>();
+        __syncwarp();
+        NamedBarrier::arrive(kThreads, NamedBarriers::kBwdDqEmpty + 1);
       }
     }
     if (leader) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
@@ -199,9 +212,9 @@ struct BwdMainloop {
     auto thr_dq = mma_dq.get_thread_slice(mma_tid);
     Tensor tQrdS = thr_dq.partition_fragment_A(sdS);  // (MMA,MMA_M,MMA_K,2)
     Tensor tQrKt = thr_dq.partition_fragment_B(sKt);  // (MMA,MMA_D,MMA_K)
-    Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});  // ((2,2,D/16),1,1)
+    Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});  // ((2,2,kDqN/8),1,1)
     using cutlass::arch::NamedBarrier;
-    constexpr int kDqThreads = Traits::kMmaThreads + 32;
+    constexpr int kDqThreads = 128 + 32;  // a warpgroup and the writer warp
 
     clear(acc_dv);
     clear(acc_dk);
@@ -256,7 +269,6 @@ struct BwdMainloop {
         convert_fragment_into(acc_s, rP);
         convert_fragment_into(acc_dp, rdS);
         wgmma_gemm<false, true>(mma_kv, tKVrP, tKVrdOt(_, _, _, st.index()), acc_dv);
-        wgmma_gemm<false, true>(mma_kv, tKVrdS, tKVrQt(_, _, _, st.index()), acc_dk);
         // dS into shared memory (queries contiguous), for dQ = dS K, which needs both warpgroups' keys.
         Tensor tSsdSt_buf = tSsdSt(_, _, _, ds_buf);  // (MMA,MMA_N,MMA_M)
         CUTE_UNROLL
@@ -264,21 +276,23 @@ struct BwdMainloop {
         cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by wgmma (async proxy)
         NamedBarrier::sync(Traits::kMmaThreads, NamedBarriers::kBwdDsReady);
         wgmma_gemm<true, false>(mma_dq, tQrdS(_, _, _, ds_buf), tQrKt, acc_dq);
-        warpgroup_wait<0>();  // dV, dK and dQ are done: the step's Q and dO are free
+        wgmma_gemm<false, true>(mma_kv, tKVrdS, tKVrQt(_, _, _, st.index()), acc_dk);
+        warpgroup_wait<1>();  // dV and dQ are done (batches complete in order); dK runs on meanwhile
+        // dQ (unscaled) to this warpgroup's chunk of shared memory, for the writer warp.
+        NamedBarrier::sync(kDqThreads, NamedBarriers::kBwdDqEmpty + wg);
+        float2* dq_smem = reinterpret_cast<float2*>(storage.dq.data() + wg * Traits::kDqChunk) + mma_tid % 128;
+        CUTE_UNROLL
+        for (int i = 0; i < size(acc_dq); i += 2) dq_smem[i / 2 * 128] = make_float2(acc_dq(i), acc_dq(i + 1));
+        cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by the bulk reduce
+        NamedBarrier::arrive(kDqThreads, NamedBarriers::kBwdDqFull + wg);
+        warpgroup_wait<0>();  // dK is done: the step's Q and dO are free
         // This thread's reads of the stage's lse and D (generic proxy) are ordered before the bulk
         // copy (async proxy) that refills it once the producer sees every thread's release.
         cutlass::arch::fence_view_async_shared();
         qdo_pipe.consumer_release_thread(st);
-        // dQ (unscaled) to shared memory in fragment order, for the writer warp.
-        NamedBarrier::sync(kDqThreads, NamedBarriers::kBwdDqEmpty);
-        float2* dq_smem = reinterpret_cast<float2*>(storage.dq.data()) + mma_tid;
-        CUTE_UNROLL
-        for (int i = 0; i < size(acc_dq); i += 2) dq_smem[i / 2 * Traits::kMmaThreads] = make_float2(acc_dq(i), acc_dq(i + 1));
-        cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by the bulk reduce
-        NamedBarrier::arrive(kDqThreads, NamedBarriers::kBwdDqFull);
       }
     }
-    NamedBarrier::sync(kDqThreads, NamedBarriers::kBwdDqEmpty);  // the writer's last arrival
+    NamedBarrier::sync(kDqThreads, NamedBarriers::kBwdDqEmpty + wg);  // the writer's last arrival
     store_dkv(tile, thr_kv, acc_dk, acc_dv);
   }
 

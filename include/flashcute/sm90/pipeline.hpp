@@ -22,11 +22,12 @@ struct NamedBarriers {
   // configs with o_via_v have two consumer warpgroups, so kWarpgroup + 3 is free.
   static constexpr uint32_t kVBufferFree = 5;
   // The backward (its own kernel, so its ids may repeat the forward's): kBwdDsReady, both MMA
-  // warpgroups' halves of dS are in shared memory (256 threads); kBwdDqFull / kBwdDqEmpty, the MMA
-  // threads have written a step's dQ to shared memory / the writer warp has read it out (256 + 32).
+  // warpgroups' halves of dS are in shared memory (256 threads); kBwdDqFull / kBwdDqEmpty + MMA
+  // warpgroup 0/1, the warpgroup has written its chunk of a step's dQ to shared memory / the
+  // writer warp has read it out (128 + 32 threads).
   static constexpr uint32_t kBwdDsReady = 0;
   static constexpr uint32_t kBwdDqFull = 1;
-  static constexpr uint32_t kBwdDqEmpty = 2;
+  static constexpr uint32_t kBwdDqEmpty = 3;
 };
 
 // A position in a ring of kStages buffers, counted in loads from zero: buffer count % kStages,

@@ -6,8 +6,10 @@
 // Two MMA warpgroups own 64 keys each and compute the transposed tiles S^T = K Q^T and
 // dP^T = V dO^T (FlashAttention-3's SdP_swapAB): the accumulators already sit where the A operand
 // of dV += P^T dO and dK += dS^T Q wants them, so P never touches shared memory; dS goes there
-// once, for dQ = dS K, which the two warpgroups split by columns.
+// once, for dQ = dS K, which the two warpgroups split by rows (128-row steps) or by columns.
 #pragma once
+
+#include <type_traits>
 
 #include <cute/tensor.hpp>
 #include <cute/arch/copy_sm90_tma.hpp>
@@ -24,7 +26,9 @@ namespace flashcute::sm90 {
 
 template <DType kDType, BwdConfig kCfg>
 struct BwdTraits {
-  static_assert(kCfg.block_m == 64 && kCfg.block_n == 128, "64 x 128 tiles: the layouts below assume them");
+  static_assert((kCfg.block_m == 64 || kCfg.block_m == 128) && kCfg.block_n == 128,
+                "64 or 128 query rows by 128 keys: the layouts below assume them");
+  static_assert(128 % kCfg.block_m == 0, "bwd_padded_rows rounds to 128: whole query blocks");
   static_assert(kCfg.head_dim % 64 == 0, "head dims of whole 128-byte swizzle rows");
   using Element = typename ElementOf<kDType>::type;
   static constexpr BwdConfig kConfig = kCfg;
@@ -53,14 +57,21 @@ struct BwdTraits {
       cute::GMMA::rs_op_selector<Element, Element, float, cute::Shape<cute::_64, HeadDim, BlkM>, Major::K, Major::MN>(),
       AtomLayoutKeys{}));
   // dQ = dS K: (BLK_M,D) over K = BLK_N; dS queries-contiguous and the (D,BLK_N) view of K both
-  // MN-major; warpgroup w computes columns [w D/2, (w + 1) D/2).
+  // MN-major. Warpgroup w computes rows [64 w, 64 w + 64) where a step has 64 rows a warpgroup,
+  // else columns [w D/2, (w + 1) D/2).
+  static constexpr bool kDqSplitRows = kBlockM == 64 * kMmaWarpgroups;
+  static constexpr int kDqN = kDqSplitRows ? kHeadDim : kHeadDim / kMmaWarpgroups;
   using TiledMmaDQ = decltype(cute::make_tiled_mma(
-      cute::GMMA::ss_op_selector<Element, Element, float, cute::Shape<cute::_64, cute::Int<kHeadDim / 2>, BlkN>,
-                                 Major::MN, Major::MN>(),
-      cute::Layout<cute::Shape<cute::_1, cute::Int<kMmaWarpgroups>, cute::_1>>{}));
-  static_assert(gmma_n<TiledMmaSdP> == kBlockM && gmma_n<TiledMmaKV> == kHeadDim &&
-                    gmma_n<TiledMmaDQ> == kHeadDim / 2,
+      cute::GMMA::ss_op_selector<Element, Element, float, cute::Shape<cute::_64, cute::Int<kDqN>, BlkN>, Major::MN,
+                                 Major::MN>(),
+      std::conditional_t<kDqSplitRows, AtomLayoutKeys,
+                         cute::Layout<cute::Shape<cute::_1, cute::Int<kMmaWarpgroups>, cute::_1>>>{}));
+  static_assert(gmma_n<TiledMmaSdP> == kBlockM && gmma_n<TiledMmaKV> == kHeadDim && gmma_n<TiledMmaDQ> == kDqN,
                 "a wgmma shape the backward needs has no atom: add it to sm90/wgmma_atoms.hpp");
+  // A step's dQ, fp32, one contiguous chunk a warpgroup in its fragment order (value pair p of
+  // the warpgroup's thread t at 2 (p 128 + t)): staged so in shared memory, added so into the
+  // global accumulator, read so by the postprocess.
+  static constexpr int kDqChunk = kBlockM * kHeadDim / kMmaWarpgroups;
 
   // Q and dO: (BLK_M,D,PIPE), K and V: (BLK_N,D); each also seen transposed, (D,BLK_M,PIPE) and
   // (D,BLK_N), as the B operand of the GEMMs that reduce over its rows (the same bytes).
@@ -97,8 +108,8 @@ struct BwdTraits {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> q;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> dout;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutDS>, 1024> ds;
-    // A step's dQ, fp32 in the MMA threads' fragment order (value pair p of MMA thread t at
-    // 2 (p 256 + t)), which the writer warp adds into the global accumulator as it lies.
+    // A step's dQ, one kDqChunk a warpgroup, which the writer warp adds into the global
+    // accumulator as it lies.
     cute::array_aligned<float, kBlockM * kHeadDim, 128> dq;
     // Each Q/dO stage's rows' lse (log2 units) and D, loaded with them (bulk copies).
     cute::array_aligned<float, kStages * kBlockM, 128> lse2;
@@ -117,9 +128,10 @@ struct BwdKernelParams {
   const float* dpsum;  // (batch, nheads, padded rows): D = rowsum(dO o O)
   const float* lse2;   // (batch, nheads, padded rows): lse * log2(e); +inf on rows no key reaches
   // (batch, nheads, padded rows / BLK_M, BLK_M x kernel head dim), zeroed by the preprocess; each
-  // block of rows in the fragment order of SharedStorage::dq (the postprocess reorders it).
+  // block of rows in kDqChunk order (the postprocess reorders it).
   float* dq_accum;
-  // deterministic: one add count per (batch, head, block of BLK_M rows), zeroed by the preprocess,
+  // deterministic: one add count per (batch, head, block of BLK_M rows), zeroed by the preprocess
+  // (which zeroes one per 64 rows: the workspace's count, enough for any BLK_M),
   // that orders the key blocks' dQ adds (wait_turn); nullptr otherwise.
   int* dq_semaphore;
   int padded_rows;
