@@ -8,7 +8,7 @@
 //    thread loads (BwdMainloop::load) and its second warp adds each step's dQ into the accumulator
 //    (write_dq), warpgroups 1-2 compute (BwdMainloop::mma) and store dK, dV.
 // 3. bwd_postprocess_kernel: dQ = softmax_scale * accumulator, from the fragment order the main
-//    kernel adds it in, converted and stored.
+//    kernel adds it in, converted and stored through shared memory.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -89,14 +89,17 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(__grid_consta
 }
 
 // Grid (padded rows / BLK_M, nheads, batch), one thread per MMA thread of the main kernel: thread
-// t reads the values MMA thread t added (coalesced, BwdTraits::kDqChunk order) and stores them
-// where its fragment puts them.
+// t reads the values MMA thread t added (coalesced, BwdTraits::kDqChunk order), scales and
+// converts them into a shared-memory tile where its fragment puts them, and the block stores the
+// tile in 16-byte pieces of rows.
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kMmaThreads) bwd_postprocess_kernel(const BwdParams p, const float* dq_accum,
                                                                              int padded_rows) {
   using namespace cute;
   using Element = typename Traits::Element;
-  constexpr int kBlockM = Traits::kBlockM, kHeadDim = Traits::kHeadDim;
+  constexpr int kBlockM = Traits::kBlockM, kHeadDim = Traits::kHeadDim, kThreads = Traits::kMmaThreads;
+  constexpr int kPitch = kHeadDim + 8;  // a tile row in shared memory: 16 bytes of skew against bank conflicts
+  __shared__ __align__(16) Element tile[kBlockM * kPitch];
   const int m0 = int(blockIdx.x) * kBlockM, head = int(blockIdx.y), batch = int(blockIdx.z);
   const int t = int(threadIdx.x);
   const int64_t bh = int64_t(batch) * p.nheads + head;
@@ -104,16 +107,23 @@ __global__ void __launch_bounds__(Traits::kMmaThreads) bwd_postprocess_kernel(co
   Tensor tQcQ = mma_dq.get_thread_slice(t).partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
   const float2* acc = reinterpret_cast<const float2*>(dq_accum + (bh * padded_rows + m0) * kHeadDim +
                                                      t / 128 * Traits::kDqChunk) + t % 128;
-  Element* dq = static_cast<Element*>(p.dq) + batch * p.dq_batch_stride + head * p.dq_head_stride;
   const float s = p.softmax_scale;
   CUTE_UNROLL
   for (int i = 0; i < size(tQcQ); i += 2) {
-    const int row = m0 + get<0>(tQcQ(i)), col = get<1>(tQcQ(i));
     const float2 x = acc[i / 2 * 128];
-    if (row < p.seqlen_q && col < p.head_dim) {
-      Element pair[2] = {Element(x.x * s), Element(x.y * s)};
-      *reinterpret_cast<uint32_t*>(dq + row * p.dq_row_stride + col) = *reinterpret_cast<const uint32_t*>(pair);
-    }
+    Element pair[2] = {Element(x.x * s), Element(x.y * s)};
+    *reinterpret_cast<uint32_t*>(&tile[get<0>(tQcQ(i)) * kPitch + get<1>(tQcQ(i))]) =
+        *reinterpret_cast<const uint32_t*>(pair);
+  }
+  __syncthreads();
+  Element* dq = static_cast<Element*>(p.dq) + batch * p.dq_batch_stride + head * p.dq_head_stride;
+  constexpr int kVecs = kHeadDim / 8;  // 16-byte pieces a row
+  CUTE_UNROLL
+  for (int v = t; v < kBlockM * kVecs; v += kThreads) {
+    const int r = v / kVecs, c = v % kVecs * 8;
+    if (m0 + r < p.seqlen_q && c < p.head_dim)
+      *reinterpret_cast<uint4*>(dq + (m0 + r) * p.dq_row_stride + c) =
+          *reinterpret_cast<const uint4*>(&tile[r * kPitch + c]);
   }
 }
 
