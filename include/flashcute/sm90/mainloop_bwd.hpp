@@ -15,6 +15,7 @@
 #include "flashcute/common/fragment.hpp"
 #include "flashcute/common/mask.hpp"
 #include "flashcute/common/params.hpp"
+#include "flashcute/common/store.hpp"
 #include "flashcute/sm90/gmma.hpp"
 #include "flashcute/sm90/pipeline.hpp"
 #include "flashcute/sm90/scheduler.hpp"
@@ -293,28 +294,51 @@ struct BwdMainloop {
       }
     }
     NamedBarrier::sync(kDqThreads, NamedBarriers::kBwdDqEmpty + wg);  // the writer's last arrival
-    store_dkv(tile, thr_kv, acc_dk, acc_dv);
+    store_dkv(tile, mma_kv, mma_tid, acc_dk, acc_dv);
   }
 
-  // dK (scaled by softmax_scale) and dV, from the accumulators, two elements per store.
-  template <class ThrMma, class Acc>
-  CUTE_DEVICE void store_dkv(const BwdTile& tile, const ThrMma& thr_kv, Acc& acc_dk, Acc& acc_dv) const {
+  // dK (scaled by softmax_scale) and dV through the K and V buffers, which the last step no longer
+  // reads: stmatrix from the accumulators, then each warpgroup stores its 64 rows 16 bytes a thread.
+  template <class TiledMma, class Acc>
+  CUTE_DEVICE void store_dkv(const BwdTile& tile, const TiledMma& mma_kv, int mma_tid, Acc& acc_dk, Acc& acc_dv) const {
     using namespace cute;
+    using cutlass::arch::NamedBarrier;
     const BwdParams& p = kp.params;
-    Tensor tKVcKV = thr_kv.partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kHeadDim>>{}));
-    Element* dk = static_cast<Element*>(p.dk) + tile.batch * p.dk_batch_stride + tile.head_k * p.dk_head_stride;
-    Element* dv = static_cast<Element*>(p.dv) + tile.batch * p.dv_batch_stride + tile.head_k * p.dv_head_stride;
-    const int n0 = tile.n_block * kBlockN;
+    const int wg = mma_tid / 128;
     CUTE_UNROLL
-    for (int i = 0; i < size(acc_dk); i += 2) {
-      const int row = n0 + get<0>(tKVcKV(i)), col = get<1>(tKVcKV(i));
-      if (row < p.seqlen_k && col < p.head_dim) {
-        Element k2[2] = {Element(acc_dk(i) * p.softmax_scale), Element(acc_dk(i + 1) * p.softmax_scale)};
-        Element v2[2] = {Element(acc_dv(i)), Element(acc_dv(i + 1))};
-        *reinterpret_cast<uint32_t*>(dk + row * p.dk_row_stride + col) = *reinterpret_cast<uint32_t*>(k2);
-        *reinterpret_cast<uint32_t*>(dv + row * p.dv_row_stride + col) = *reinterpret_cast<uint32_t*>(v2);
-      }
-    }
+    for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= p.softmax_scale;
+    Tensor rdK = make_fragment_like<Element>(acc_dk);  // ((2,2,D/8),1,1)
+    Tensor rdV = make_fragment_like<Element>(acc_dv);
+    convert_fragment_into(acc_dk, rdK);
+    convert_fragment_into(acc_dv, rdV);
+    Tensor sK = smem(storage.k.data(), typename Traits::SmemLayoutK{});  // (BLK_N,D)
+    Tensor sV = smem(storage.v.data(), typename Traits::SmemLayoutK{});  // (BLK_N,D)
+    auto smem_copy = make_tiled_copy_C(typename Traits::SmemCopyAtomKV{}, mma_kv);
+    auto smem_thr_copy = smem_copy.get_thread_slice(mma_tid);
+    // Both warpgroups' last dQ = dS K has read all of K (V's rows are each warpgroup's own).
+    NamedBarrier::sync(Traits::kMmaThreads, NamedBarriers::kBwdDsReady);
+    copy(smem_copy, smem_thr_copy.retile_S(rdK), smem_thr_copy.partition_D(sK));
+    copy(smem_copy, smem_thr_copy.retile_S(rdV), smem_thr_copy.partition_D(sV));
+    // The rows are all written before threads read rows that other warps wrote.
+    NamedBarrier::sync(128, NamedBarriers::kBwdEpilogue + wg);
+    using TileKV = Shape<_64, Int<kHeadDim>>;
+    const int row0 = tile.n_block * kBlockN + 64 * wg;
+    typename Traits::GmemTiledCopyKV gmem_copy;
+    auto gmem_thr_copy = gmem_copy.get_thread_slice(mma_tid % 128);
+    Tensor tKVcKV = gmem_thr_copy.partition_D(make_identity_tensor(TileKV{}));  // (CPY,CPY_M,CPY_D) -> (row,col)
+    auto store = [&](auto const& s_tile, void* base, int64_t batch_stride, int64_t row_stride,
+                     int64_t head_stride) {
+      Element* g = static_cast<Element*>(base) + tile.batch * batch_stride + tile.head_k * head_stride +
+                   int64_t(row0) * row_stride;
+      Tensor gKV = make_tensor(make_gmem_ptr(g), TileKV{}, make_stride(row_stride, _1{}));  // (64,D)
+      Tensor tKVsKV = gmem_thr_copy.partition_S(local_tile(s_tile, TileKV{}, make_coord(wg, 0)));  // (CPY,CPY_M,CPY_D)
+      Tensor tKVgKV = gmem_thr_copy.partition_D(gKV);                                              // (CPY,CPY_M,CPY_D)
+      Tensor tKVrKV = make_tensor<Element>(shape(tKVgKV));
+      copy(gmem_copy, tKVsKV, tKVrKV);
+      store_tile(gmem_copy, tKVrKV, tKVgKV, tKVcKV, p.seqlen_k - row0, p.head_dim);
+    };
+    store(sK, p.dk, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride);
+    store(sV, p.dv, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
   }
 };
 

@@ -28,6 +28,7 @@ struct NamedBarriers {
   static constexpr uint32_t kBwdDsReady = 0;
   static constexpr uint32_t kBwdDqFull = 1;
   static constexpr uint32_t kBwdDqEmpty = 3;
+  static constexpr uint32_t kBwdEpilogue = 5;  // + MMA warpgroup 0/1: its dK and dV staged (128 threads)
 };
 
 // A position in a ring of kStages buffers, counted in loads from zero: buffer count % kStages,

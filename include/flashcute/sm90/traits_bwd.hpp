@@ -91,6 +91,16 @@ struct BwdTraits {
       SmemLayoutDS{}, cute::make_layout(cute::Shape<BlkN, BlkM, cute::_2>{},
                                         cute::Stride<BlkM, cute::_1, cute::Int<kBlockM * kBlockN>>{})));
 
+  // The epilogue: dK and dV staged in the K and V buffers by stmatrix, each warpgroup's 64 rows
+  // read back and stored 16 bytes a thread, kKVThreadsPerRow threads a row.
+  using SmemCopyAtomKV = cute::Copy_Atom<cute::SM90_U32x4_STSM_N, Element>;
+  static constexpr int kKVThreadsPerRow = kHeadDim / 8 % 16 == 0 ? 16 : 8;
+  using GmemTiledCopyKV = decltype(cute::make_tiled_copy(
+      cute::Copy_Atom<cute::UniversalCopy<cute::uint128_t>, Element>{},
+      cute::Layout<cute::Shape<cute::Int<128 / kKVThreadsPerRow>, cute::Int<kKVThreadsPerRow>>,
+                   cute::Stride<cute::Int<kKVThreadsPerRow>, cute::_1>>{},
+      cute::Layout<cute::Shape<cute::_1, cute::_8>>{}));
+
   // Global tensors as the TMA descriptors see them: (seqlen, d, head, batch).
   using ShapeQKV = cute::Shape<int32_t, int32_t, int32_t, int32_t>;
   using StrideQKV = cute::Stride<int64_t, cute::_1, int64_t, int64_t>;
