@@ -10,14 +10,9 @@
 // Each config's dq, dk and dv are compared with the default config's (max |diff|), so a broken
 // variant shows up as a large difference, not as a fast time. Times are CUDA-event medians of 10
 // after 2 warm-ups; TFLOP/s count the backward as 2.5x the forward (FlashAttention's convention).
-#include <algorithm>
-#include <cstdio>
-#include <cstdlib>
-#include <vector>
-
+// Arguments: the seqlens (default 1024 4096 16384); TUNE_WINDOW=w runs a sliding window (w, w).
 #include "flashcute/sm80/launch_bwd.hpp"
-#include "flashcute/sm80/launch_fwd.hpp"
-#include "tune_common.cuh"
+#include "tune_bwd_common.cuh"
 
 #ifndef TUNE_HDIM
 #define TUNE_HDIM 128
@@ -27,44 +22,10 @@ using flashcute::BwdParams;
 using flashcute::DType;
 using flashcute::sm80::BwdConfig;
 
-struct Buffers {
-  Element *q, *k, *v, *o, *dout, *dq, *dk, *dv, *dq_ref, *dk_ref, *dv_ref;
-  float *lse, *dsum, *diff;
-};
-
-// Median milliseconds of `launch` over 10 runs after 2 warm-ups.
-template <class Launch>
-float median_ms(Launch&& launch) {
-  for (int i = 0; i < 2; ++i) launch();
-  cudaEvent_t a, b;
-  CHECK_CUDA(cudaEventCreate(&a));
-  CHECK_CUDA(cudaEventCreate(&b));
-  std::vector<float> ms(10);
-  for (float& t : ms) {
-    CHECK_CUDA(cudaEventRecord(a));
-    launch();
-    CHECK_CUDA(cudaEventRecord(b));
-    CHECK_CUDA(cudaEventSynchronize(b));
-    CHECK_CUDA(cudaEventElapsedTime(&t, a, b));
-  }
-  CHECK_CUDA(cudaGetLastError());
-  CHECK_CUDA(cudaEventDestroy(a));
-  CHECK_CUDA(cudaEventDestroy(b));
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
-
-float diff(const Element* a, const Element* b, size_t n, float* d_diff) {
-  CHECK_CUDA(cudaMemset(d_diff, 0, sizeof(float)));
-  max_abs_diff<<<264, 256>>>(a, b, n, d_diff);
-  float h = 0.f;
-  CHECK_CUDA(cudaMemcpy(&h, d_diff, sizeof(float), cudaMemcpyDeviceToHost));
-  return h;
-}
-
 template <BwdConfig kCfg>
-void run_one(const BwdParams& p, const Buffers& b, size_t n, double flops) {
+void run_one(const BwdProblem& b) {
   using Traits = flashcute::sm80::BwdTraits<DType::kBFloat16, kCfg>;
+  const BwdParams& p = b.p;
   const float total = median_ms([&] {
     auto st = flashcute::sm80::launch_bwd_with<Traits>(p, nullptr);
     if (!st.ok()) { std::fprintf(stderr, "launch failed: %s\n", st.message.c_str()); std::exit(1); }
@@ -81,55 +42,17 @@ void run_one(const BwdParams& p, const Buffers& b, size_t n, double flops) {
     flashcute::sm80::bwd_dq_kernel<Traits><<<dim3((p.seqlen_q + Traits::kQBlockM - 1) / Traits::kQBlockM, p.nheads, p.batch),
                             Traits::kQThreads, Traits::kQSmemBytes>>>(p);
   });
-  std::printf("  cfg(kvW=%d kvM=%2d split=%d qW=%d qN=%3d)  %7.3f ms %6.1f TFLOP/s = D %.3f + dkdv %.3f + dq %.3f ms"
-              "  maxdiff dq %.3g dk %.3g dv %.3g\n",
+  std::printf("  cfg(kvW=%d kvM=%2d split=%d qW=%d qN=%3d)  %7.3f ms %6.1f TFLOP/s = D %.3f + dkdv %.3f + dq %.3f ms",
               kCfg.kv_warps, kCfg.kv_block_m, kCfg.d_split, kCfg.q_warps, kCfg.q_block_n, total,
-              2.5 * flops / total * 1e-9, dsum, dkdv, dq, diff(b.dq, b.dq_ref, n, b.diff), diff(b.dk, b.dk_ref, n, b.diff),
-              diff(b.dv, b.dv_ref, n, b.diff));
+              2.5 * b.flops / total * 1e-9, dsum, dkdv, dq);
+  b.print_diffs();
 }
 
 template <BwdConfig... kCfgs>
 void sweep(int seqlen, bool causal) {
-  constexpr int d = TUNE_HDIM;
-  const int batch = 16384 / seqlen, nheads = 2048 / d;
-  const size_t n = size_t(batch) * seqlen * nheads * d, rows = size_t(batch) * nheads * seqlen;
-  Buffers b;
-  for (Element** ptr : {&b.q, &b.k, &b.v, &b.o, &b.dout, &b.dq, &b.dk, &b.dv, &b.dq_ref, &b.dk_ref, &b.dv_ref})
-    CHECK_CUDA(cudaMalloc(ptr, n * sizeof(Element)));
-  CHECK_CUDA(cudaMalloc(&b.lse, rows * sizeof(float)));
-  CHECK_CUDA(cudaMalloc(&b.dsum, rows * sizeof(float)));
-  CHECK_CUDA(cudaMalloc(&b.diff, sizeof(float)));
-  fill_random<<<264, 256>>>(b.q, n, 1u);
-  fill_random<<<264, 256>>>(b.k, n, 2u);
-  fill_random<<<264, 256>>>(b.v, n, 3u);
-  fill_random<<<264, 256>>>(b.dout, n, 4u);
-  CHECK_CUDA(cudaGetLastError());
-
-  BwdParams p;
-  p.q = b.q; p.k = b.k; p.v = b.v; p.o = b.o; p.lse = b.lse;
-  p.dout = b.dout; p.dq = b.dq_ref; p.dk = b.dk_ref; p.dv = b.dv_ref; p.dsum = b.dsum;
-  const int64_t row = int64_t(nheads) * d, bstride = row * seqlen;
-  p.q_batch_stride = p.k_batch_stride = p.v_batch_stride = p.o_batch_stride = bstride;
-  p.do_batch_stride = p.dq_batch_stride = p.dk_batch_stride = p.dv_batch_stride = bstride;
-  p.q_row_stride = p.k_row_stride = p.v_row_stride = p.o_row_stride = row;
-  p.do_row_stride = p.dq_row_stride = p.dk_row_stride = p.dv_row_stride = row;
-  p.q_head_stride = p.k_head_stride = p.v_head_stride = p.o_head_stride = d;
-  p.do_head_stride = p.dq_head_stride = p.dk_head_stride = p.dv_head_stride = d;
-  p.lse_batch_stride = int64_t(nheads) * seqlen;
-  p.lse_head_stride = seqlen;
-  p.batch = batch; p.seqlen_q = p.seqlen_k = seqlen; p.nheads = p.nheads_k = nheads; p.head_dim = d;
-  p.softmax_scale = 1.f / sqrtf(float(d));
-  p.window_left = -1; p.window_right = causal ? 0 : -1;
-  auto st = flashcute::sm80::launch_fwd<DType::kBFloat16, d>(p, nullptr);  // out and lse
-  if (st.ok()) st = flashcute::sm80::launch_bwd<DType::kBFloat16, d>(p, nullptr);  // the reference gradients
-  if (!st.ok()) { std::fprintf(stderr, "reference launch failed: %s\n", st.message.c_str()); std::exit(1); }
-  CHECK_CUDA(cudaDeviceSynchronize());
-  p.dq = b.dq; p.dk = b.dk; p.dv = b.dv;
-  const double flops = 4.0 * batch * nheads * double(seqlen) * seqlen * d / (causal ? 2 : 1);
-  std::printf("d=%d causal=%d S=%d (b=%d h=%d)\n", d, causal, seqlen, batch, nheads);
-  (run_one<kCfgs>(p, b, n, flops), ...);
-  for (Element* ptr : {b.q, b.k, b.v, b.o, b.dout, b.dq, b.dk, b.dv, b.dq_ref, b.dk_ref, b.dv_ref}) CHECK_CUDA(cudaFree(ptr));
-  for (float* ptr : {b.lse, b.dsum, b.diff}) CHECK_CUDA(cudaFree(ptr));
+  BwdProblem b = BwdProblem::make<TUNE_HDIM>(seqlen, causal, 0);  // the sm80 workspace: one float a row
+  (run_one<kCfgs>(b), ...);
+  b.release();
 }
 
 int main(int argc, char** argv) {
@@ -138,13 +61,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "tune_bwd: no CUDA device\n");
     return 77;
   }
-  std::vector<int> seqlens = {1024, 4096, 16384};
-  if (argc > 1) {
-    seqlens.clear();
-    for (int i = 1; i < argc; ++i) seqlens.push_back(std::atoi(argv[i]));
-  }
+  const std::vector<int> seqlens = tune_seqlens(argc, argv);
   constexpr BwdConfig kDefault = flashcute::sm80::default_bwd_config(TUNE_HDIM);
+  const bool window = std::getenv("TUNE_WINDOW") != nullptr;  // a sliding window instead of the two masks
   for (bool causal : {false, true}) {
+    if (window && causal) continue;
     for (int s : seqlens) {
 #if TUNE_HDIM == 128
       sweep<kDefault, BwdConfig{.head_dim = 128, .kv_warps = 8, .kv_block_m = 32, .q_warps = 4, .q_block_n = 64},

@@ -1,4 +1,4 @@
-// Helpers of the tuning tools (tune_fwd.cu, tune_bwd.cu): a CUDA check that exits, bf16 random
+// Helpers of the tuning tools (tune_fwd.cu, tune_bwd*.cu): a CUDA check that exits, bf16 random
 // fills and a max |a - b| reduction, all on the device.
 #pragma once
 
