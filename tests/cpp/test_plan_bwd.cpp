@@ -148,6 +148,9 @@ TEST(PlanBwd, Sm90CanRunSaysWhyNot) {
   p.dk_head_stride = 3;
   EXPECT_NE(std::string(flashcute::sm90_bwd_can_run(p)).find("dk"), std::string::npos);
   p.dk_head_stride = 0;
+  p.dv_row_stride = 68;  // even, but the epilogue stores 16 bytes a thread
+  EXPECT_NE(std::string(flashcute::sm90_bwd_can_run(p)).find("dv"), std::string::npos);
+  p.dv_row_stride = 64;
   p.seqlen_q = 0;
   EXPECT_STREQ(flashcute::sm90_bwd_can_run(p), "no queries");
 }

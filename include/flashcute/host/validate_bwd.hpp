@@ -51,9 +51,9 @@ struct BwdPlan {
 };
 
 // Why the sm90 backward cannot take a call with these params, or nullptr when it can: the forward's
-// TMA rules (sm90_can_run) for q, k and v, the same for dout, dq stored 16 bytes a row at a time,
-// a fixed-length batch with at least one query and one key, and the grid's y (KV heads) and z
-// (batch) dims below 2^16.
+// TMA rules (sm90_can_run) for q, k and v, the same for dout, dq, dk and dv stored 16 bytes a row
+// at a time, a fixed-length batch with at least one query and one key, and the grid's y (KV heads)
+// and z (batch) dims below 2^16. (plan_bwd already asks 16-byte strides of every array.)
 inline const char* sm90_bwd_can_run(const BwdParams& p) {
   if (const char* why = sm90_can_run(p)) return why;
   if (p.seqlen_q < 1) return "no queries";
@@ -61,9 +61,9 @@ inline const char* sm90_bwd_can_run(const BwdParams& p) {
   for (int64_t s : {p.do_row_stride, p.do_head_stride, p.do_batch_stride, p.dq_row_stride, p.dq_head_stride,
                     p.dq_batch_stride})
     if (s < 0 || s % 8 != 0 || s >= (int64_t{1} << 38)) return "dout or dq: a stride that is not a multiple of 16 bytes";
-  if (p.dk_row_stride % 2 != 0 || p.dk_head_stride % 2 != 0 || p.dk_batch_stride % 2 != 0 ||
-      p.dv_row_stride % 2 != 0 || p.dv_head_stride % 2 != 0 || p.dv_batch_stride % 2 != 0)
-    return "dk or dv: an odd stride (the kernel stores element pairs)";
+  for (int64_t s : {p.dk_row_stride, p.dk_head_stride, p.dk_batch_stride, p.dv_row_stride, p.dv_head_stride,
+                    p.dv_batch_stride})
+    if (s % 8 != 0) return "dk or dv: a stride that is not a multiple of 16 bytes (the kernel stores 16 bytes)";
   return nullptr;
 }
 
