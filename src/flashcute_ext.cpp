@@ -46,6 +46,13 @@ int64_t bwd_workspace_floats(int64_t batch, int64_t nheads, int64_t seqlen_q, in
   if (head_dim <= 0) return flashcute::bwd_workspace_floats(batch, nheads, seqlen_q);
   return flashcute::bwd_workspace_floats(batch, nheads, seqlen_q, head_dim, dtype_from_name(dtype.c_str()), device);
 }
+// The same for a varlen batch of `batch` sequences and total_q queries.
+int64_t bwd_varlen_workspace_floats(int64_t batch, int64_t nheads, int64_t total_q, int head_dim,
+                                    const std::string& dtype, int device) {
+  if (head_dim <= 0) return flashcute::bwd_workspace_floats(1, nheads, total_q);
+  return flashcute::bwd_varlen_workspace_floats(batch, nheads, total_q, head_dim, dtype_from_name(dtype.c_str()),
+                                                device);
+}
 
 // ---------------------------------------------------------------------------
 // Device / build queries
@@ -216,6 +223,10 @@ NB_MODULE(_C, m) {
         "dtype"_a = "", "device"_a = -1,
         "float32 elements of workspace a backward call of these shapes needs: with head_dim and dtype, on\n"
         "`device` (-1: the current one), enough for the sm90 backward where that may run.");
+  m.def("bwd_varlen_workspace_floats", &bwd_varlen_workspace_floats, "batch"_a, "nheads"_a, "total_q"_a,
+        "head_dim"_a = 0, "dtype"_a = "", "device"_a = -1,
+        "bwd_workspace_floats for a varlen batch of `batch` sequences (len(cu_seqlens_q) - 1) and total_q\n"
+        "queries.");
   m.def("xla_ffi_targets", &xla_ffi_targets,
         "The XLA FFI handlers compiled into this build, {name: PyCapsule}, for jax.ffi.register_ffi_target\n"
         "(platform 'CUDA'); empty when the build found no XLA FFI headers (build option FLASHCUTE_XLA_FFI).");

@@ -97,7 +97,7 @@ def last_backward_path() -> str:
     wgmma + TMA backward) or ``"sm80"`` (mma.sync; also before any launch).
 
     On a compute capability 9.0 GPU a call runs on the Hopper backward where the build has it and
-    it can take the call: head dims up to 128, a fixed-length batch, strides TMA can read.
+    it can take the call: head dims up to 128, a fixed-length or varlen batch, strides TMA can read.
     ``FLASHCUTE_BACKWARD_PATH=sm80`` in the
     environment keeps every call on the mma.sync backward (``auto``, the default, and ``sm90``
     take the Hopper one); any other value is a ValueError naming the variable. A diagnostic, like

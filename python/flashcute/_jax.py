@@ -230,7 +230,8 @@ def _varlen_bwd_call(opts: Options, sizes: VarlenSizes):
             _VARLEN_TARGETS[1],
             (jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(k.shape, k.dtype),
              jax.ShapeDtypeStruct(v.shape, v.dtype),
-             jax.ShapeDtypeStruct((_C.bwd_workspace_floats(1, q.shape[1], q.shape[0]),), jnp.float32)),
+             jax.ShapeDtypeStruct((_C.bwd_varlen_workspace_floats(cu_q.shape[0] - 1, q.shape[1], q.shape[0], q.shape[2],
+                                                                  str(jnp.dtype(q.dtype))),), jnp.float32)),
         )
         dq, dk, dv, _ = call(dout, q, k, v, out, lse, cu_q, cu_k, **_attrs(opts, sizes),
                              deterministic=bool(opts.deterministic))

@@ -205,7 +205,8 @@ def _bwd_launch(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse:
                 check_stream_device: bool, varlen: tuple = ()) -> None:
     """varlen: () or (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)."""
     if varlen:
-        floats = _C.bwd_workspace_floats(1, q.shape[1], q.shape[0])
+        floats = _C.bwd_varlen_workspace_floats(varlen[0].shape[0] - 1, q.shape[1], q.shape[0], q.shape[2],
+                                                str(q.dtype).removeprefix("torch."), index)
         varlen = (_desc(varlen[0]), _desc(varlen[1]), varlen[2], varlen[3])
     else:
         b, sq, h, d = q.shape

@@ -214,8 +214,10 @@ def flash_attn_bwd(
         (dq, dk, dv): like q, k and v. With MQA/GQA, dk and dv are summed over each group of query
         heads. Rows of q that see no key get dq = 0; keys no query sees get dk = dv = 0.
 
-    Memory: a float32 workspace of batch_size * nheads * seqlen_q elements, besides the outputs.
-    Raises the same errors as ``flash_attn_func``, naming the argument.
+    Memory: a float32 workspace besides the outputs, from the framework's allocator: batch_size *
+    nheads * seqlen_q elements on the mma.sync backward, about (headdim + 2) times that on the
+    Hopper one (its fp32 dQ accumulator). Raises the same errors as ``flash_attn_func``, naming
+    the argument.
     """
     options = _parse_options(softmax_scale, causal, window_size, softcap)
     deterministic = _as_bool("deterministic", deterministic)

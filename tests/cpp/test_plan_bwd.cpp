@@ -121,6 +121,43 @@ TEST(PlanBwd, NamesTheSm90KernelWhereItCanRun) {
   EXPECT_TRUE(p.params.deterministic);
 }
 
+// A varlen call: three sequences in 100 query rows and 120 key rows. The sm90 backward takes it
+// with a workspace of bwd_varlen_workspace_floats (each sequence's rows start on a 128-row
+// block, BwdBatch), not with the sm80 size.
+TEST(PlanBwd, NamesTheSm90KernelForVarlen) {
+  const DType dt = built_dtype();
+  const int d = built_head_dim();
+  if (flashcute::kernel_head_dim(d, dt, flashcute::Direction::kBwd) == 0) GTEST_SKIP() << "no backward kernel built";
+  flashcute::BwdArgs a;
+  a.q = flashcute::tensor_ref(fake(0x100000), dt, {100, 8, d});
+  a.k = flashcute::tensor_ref(fake(0x200000), dt, {120, 2, d});
+  a.v = flashcute::tensor_ref(fake(0x300000), dt, {120, 2, d});
+  a.out = flashcute::tensor_ref(fake(0x400000), dt, {100, 8, d});
+  a.lse = flashcute::tensor_ref(fake(0x500000), DType::kFloat32, {8, 100});
+  a.dout = flashcute::tensor_ref(fake(0x600000), dt, {100, 8, d});
+  a.dq = flashcute::mutable_tensor_ref(fake_mut(0x700000), dt, {100, 8, d});
+  a.dk = flashcute::mutable_tensor_ref(fake_mut(0x800000), dt, {120, 2, d});
+  a.dv = flashcute::mutable_tensor_ref(fake_mut(0x900000), dt, {120, 2, d});
+  a.varlen = flashcute::VarlenArgs{flashcute::tensor_ref(fake(0xb00000), DType::kInt32, {4}),
+                                   flashcute::tensor_ref(fake(0xc00000), DType::kInt32, {4}), 60, 70};
+  const int hd = flashcute::kernel_head_dim(d, dt, flashcute::Direction::kBwd, flashcute::Arch::kSm90);
+  // (nheads, padded total) rows: 100 rounded to 128, and 128 for each of the 3 sequences.
+  EXPECT_EQ(flashcute::sm90::bwd_varlen_workspace_floats(3, 8, 100, 128), 8 * 512 * 130 + 8 * 512 / 64);
+  a.workspace = flashcute::mutable_tensor_ref(fake_mut(0xa00000), DType::kFloat32,
+                                              {flashcute::sm90::bwd_varlen_workspace_floats(3, 8, 100, 256)});
+  flashcute::BwdPlan p;
+  ASSERT_TRUE(flashcute::plan_bwd(a, p).ok());
+  EXPECT_EQ(p.sm90_kernel.arch, hd > 0 ? flashcute::Arch::kSm90 : flashcute::Arch::kSm80);
+  EXPECT_EQ(p.params.dq_batch_stride, 0);
+  EXPECT_EQ(flashcute::sm90_bwd_can_run(p.params), nullptr);
+  a.workspace.shape[0] = flashcute::bwd_workspace_floats(1, 8, 100);  // the sm80 size: the sm80 kernel
+  ASSERT_TRUE(flashcute::plan_bwd(a, p).ok());
+  EXPECT_EQ(p.sm90_kernel.arch, flashcute::Arch::kSm80);
+  // No key anywhere (max_seqlen_k 0): no TMA descriptor to make, the sm80 kernel.
+  p.params.seqlen_k = 0;
+  EXPECT_STREQ(flashcute::sm90_bwd_can_run(p.params), "no keys");
+}
+
 // The workspace for the fastest path: the sm90 size where this build and the current device can
 // run the sm90 backward, else the sm80 size; head dim 0 asks for the sm80 size.
 TEST(PlanBwd, WorkspaceForTheFastestPath) {

@@ -8,6 +8,7 @@
 
 #include "flashcute/common/mask.hpp"
 #include "flashcute/common/params.hpp"
+#include "flashcute/sm90/config.hpp"
 #include "flashcute/sm90/scheduler.hpp"
 
 namespace {
@@ -175,13 +176,13 @@ void check_backward_tiles_and_dq_turns() {
       const auto kb = keys.key_blocks(m * kM, kM, p.seqlen_q, kN);
       for (int i = 0; i < n_blocks; ++i) {
         const int n = descending ? n_blocks - 1 - i : i;
-        const auto t = flashcute::sm90::bwd_tile<kM, kN>(p, keys, n, 0, 0);
+        const auto t = flashcute::sm90::bwd_tile<kM, kN>(p, n, 0, 0, flashcute::sm90::bwd_padded_rows(p.seqlen_q));
         const bool visits = m >= t.m_first && m < t.m_last;
         ASSERT_EQ(visits, n >= kb.first && n < kb.last)
             << "sq " << p.seqlen_q << " sk " << p.seqlen_k << " window " << p.window_left << "," << p.window_right
             << " m " << m << " n " << n;
         if (visits) {
-          EXPECT_EQ((flashcute::sm90::bwd_dq_turn<kM, kN>(p, keys, n, m)), turn++);
+          EXPECT_EQ((flashcute::sm90::bwd_dq_turn<kM, kN>(keys, p.seqlen_q, n, m)), turn++);
         }
       }
     }
@@ -191,4 +192,45 @@ void check_backward_tiles_and_dq_turns() {
 TEST(Sm90Scheduler, BackwardTilesAndDqTurnsAgree) {
   check_backward_tiles_and_dq_turns<64, 128>();   // the tile table's d 128
   check_backward_tiles_and_dq_turns<128, 128>();  // d 64
+}
+
+// A varlen batch's workspace rows (BwdBatch): each sequence's 128-row blocks lie inside the
+// workspace's run of bwd_varlen_padded_rows and, when cu_seqlens ascend, share no row with another
+// sequence's; with any other cu_seqlens (clamped) they still stay inside. Lengths are capped at
+// the call's maxima.
+TEST(Sm90Scheduler, BackwardVarlenRowsAreDisjointAndInside) {
+  uint32_t state = 777;
+  auto next = [&](int n) { state = state * 1664525u + 1013904223u; return int((state >> 8) % uint32_t(n)); };
+  for (int trial = 0; trial < 300; ++trial) {
+    const int batch = 1 + next(20);
+    const bool garbage = trial % 3 == 2;
+    std::vector<int> cu_q(batch + 1), cu_k(batch + 1);
+    for (int b = 1; b <= batch; ++b) {
+      cu_q[b] = garbage ? next(3000) - 500 : cu_q[b - 1] + (next(4) == 0 ? 0 : next(700));
+      cu_k[b] = garbage ? next(3000) - 500 : cu_k[b - 1] + next(700);
+    }
+    flashcute::BwdParams p;
+    p.cu_seqlens_q = cu_q.data(), p.cu_seqlens_k = cu_k.data();
+    p.total_q = garbage ? 1 + next(2000) : cu_q[batch], p.total_k = garbage ? 1 + next(2000) : cu_k[batch];
+    p.batch = batch, p.nheads = 3, p.nheads_k = 1;
+    p.seqlen_q = 1 + next(800), p.seqlen_k = 1 + next(800);  // the maxima (may cut a sequence)
+    const int64_t padded = flashcute::sm90::bwd_varlen_padded_rows(p.total_q, batch);
+    std::vector<int> owner(size_t(padded), -1);
+    for (int b = 0; b < batch; ++b) {
+      const flashcute::sm90::BwdBatch seq(p, b, padded);
+      ASSERT_LE(seq.seqlen_q, p.seqlen_q);
+      ASSERT_LE(seq.seqlen_k, p.seqlen_k);
+      ASSERT_EQ(seq.tma_batch, 0);
+      ASSERT_EQ(seq.rows % 128, 0);
+      ASSERT_LE(seq.q_start + seq.seqlen_q, p.total_q);
+      ASSERT_LE(seq.k_start + seq.seqlen_k, p.total_k);
+      const int64_t end = seq.rows + flashcute::sm90::bwd_padded_rows(seq.seqlen_q);
+      ASSERT_LE(end, padded) << "trial " << trial << " b " << b;
+      if (garbage) continue;
+      for (int64_t r = seq.rows; r < end; ++r) {
+        ASSERT_EQ(owner[size_t(r)], -1) << "trial " << trial << ": row " << r << " of sequences " << owner[r] << ", " << b;
+        owner[size_t(r)] = b;
+      }
+    }
+  }
 }

@@ -84,11 +84,20 @@ def _spans(lens) -> List[Tuple[int, int]]:
 
 @pytest.fixture
 def same_kernels_as_varlen(monkeypatch):
-    """Varlen calls run on the sm80 kernels; a test that compares them bit for bit with
+    """The varlen forward runs on the sm80 kernels; a test that compares it bit for bit with
     fixed-length calls keeps those on the sm80 kernels too, forward and backward (on an H100/H200
     they would otherwise take the sm90 ones, whose results differ in the last bits)."""
     monkeypatch.setenv("FLASHCUTE_FORWARD_PATH", "sm80")
     monkeypatch.setenv("FLASHCUTE_BACKWARD_PATH", "sm80")
+
+
+def _sm90_bwd_takes(torch, d: int, dtype: str) -> str:
+    """'' when the sm90 backward takes head dim d on this GPU and build, else why not."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        return f"the sm90 backward runs on compute capability 9.0 only, this GPU is {torch.cuda.get_device_capability()}"
+    if not any(k[:3] == ("sm90", "bwd", dtype) and k[3] >= d for k in flashcute.compiled_kernels()):
+        return f"this build has no sm90 backward kernel for {dtype} head dim {d}"
+    return ""
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
@@ -120,15 +129,26 @@ def test_forward_per_sequence(torch, require_kernel, case, dtype, same_kernels_a
         assert torch.equal(lse[None, :, q0:q1], alone_lse)
 
 
+@pytest.mark.parametrize("bwd_path", ["sm80", "sm90"])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_backward_per_sequence(torch, require_kernel, case, dtype, same_kernels_as_varlen):
+def test_backward_per_sequence(torch, require_kernel, monkeypatch, case, dtype, bwd_path, same_kernels_as_varlen):
+    """Each sequence's gradients by the rule, and bit for bit those of the sequence alone through
+    flash_attn_func on the same backward path. On the sm90 path both calls are deterministic (its
+    dQ adds otherwise land in any order): a sequence's padding rows, which the sm90 kernels read
+    from the next sequence, must add exact zeros."""
     require_kernel(dtype, case.d)
+    if bwd_path == "sm90" and (why := _sm90_bwd_takes(torch, case.d, dtype)):
+        pytest.skip(why)
+    monkeypatch.setenv("FLASHCUTE_BACKWARD_PATH", bwd_path)
+    det = dict(deterministic=bwd_path == "sm90")
     q, k, v, dout = _inputs(torch, case, dtype, seed=hash(case.id) % 1000 + 1)
     cu_q, cu_k = _cu(torch, case.lens_q), _cu(torch, case.lens_k)
     leaves = [x.detach().requires_grad_() for x in (q, k, v)]
-    out = flashcute.flash_attn_varlen_func(*leaves, cu_q, cu_k, max(case.lens_q), max(case.lens_k), **case.options())
+    out = flashcute.flash_attn_varlen_func(*leaves, cu_q, cu_k, max(case.lens_q), max(case.lens_k), **det,
+                                           **case.options())
     out.backward(dout)
+    assert flashcute.last_backward_path() == bwd_path
     dq, dk, dv = (x.grad for x in leaves)
     assert all(torch.isfinite(g).all() for g in (dq, dk, dv))
     for (q0, q1), (k0, k1) in zip(_spans(case.lens_q), _spans(case.lens_k)):
@@ -143,7 +163,7 @@ def test_backward_per_sequence(torch, require_kernel, case, dtype, same_kernels_
         check = check_gradients(grads, *args, **case.options())
         assert check.ok, (q0, q1, k0, k1, check.message)
         alone = [x.detach().requires_grad_() for x in args[1:]]
-        flashcute.flash_attn_func(*alone, **case.options()).backward(args[0])
+        flashcute.flash_attn_func(*alone, **det, **case.options()).backward(args[0])
         for a, b in zip(grads, alone):
             assert torch.equal(a, b.grad)
 
@@ -239,6 +259,22 @@ def test_garbage_cu_seqlens_stay_inside_the_arrays(torch, require_kernel):
         flashcute.flash_attn_varlen_func(*leaves, cq, ck, 200, 200, causal=True).sum().backward()
         torch.cuda.synchronize()
         assert all(torch.isfinite(x.grad).all() for x in leaves)
+
+
+def test_descending_cu_seqlens_end_deterministic_backward(torch, require_kernel):
+    """cu_seqlens that descend give sequences whose rows overlap (here sequences 0 and 2 both
+    take rows [0, 1000)). The sm90 backward's deterministic dQ turns, counted per block of the
+    workspace, then meet another sequence's counts there: the call must still end (wait_turn
+    waits for count >= turn), with finite gradients."""
+    require_kernel("bfloat16", 64)
+    tq, tk, h, d = 1000, 600, 2, 64
+    g = torch.Generator(device="cuda").manual_seed(5)
+    leaves = [torch.randn(n, h, d, device="cuda", generator=g).bfloat16().requires_grad_() for n in (tq, tk, tk)]
+    cq = torch.tensor([0, tq, 0, tq], dtype=torch.int32, device="cuda")
+    ck = torch.tensor([0, tk, 0, tk], dtype=torch.int32, device="cuda")
+    flashcute.flash_attn_varlen_func(*leaves, cq, ck, tq, tk, deterministic=True).sum().backward()
+    torch.cuda.synchronize()
+    assert all(torch.isfinite(x.grad).all() for x in leaves)
 
 
 def test_torch_compile_forward_and_backward(torch, require_kernel):

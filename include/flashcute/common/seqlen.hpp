@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include <cute/config.hpp>
+#include <cute/numeric/math.hpp>
 
 #include "flashcute/common/params.hpp"
 
@@ -77,8 +78,8 @@ struct PagedKv {
   // The page holding key `key` (>= 0): both the table index and the page it holds are clamped
   // into their arrays, whatever the table says.
   CUTE_DEVICE int page_of(int key) const {
-    const int index = min(key >> log2, max_pages - 1);
-    return min(max(table[index], 0), num_pages - 1);
+    const int index = cute::min(key >> log2, max_pages - 1);
+    return cute::min(cute::max(table[index], 0), num_pages - 1);
   }
   // Element offset of key `key`, on page `page`, in a cache whose pages are page_stride apart.
   CUTE_DEVICE int64_t offset(int page, int key, int64_t page_stride, int64_t row_stride) const {

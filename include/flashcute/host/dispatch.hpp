@@ -181,6 +181,15 @@ inline int64_t bwd_workspace_floats(int64_t batch, int64_t nheads, int64_t seqle
   if (hd == 0 || !device_is_sm90(device)) return sm80;
   return std::max(sm80, sm90::bwd_workspace_floats(batch, nheads, seqlen_q, hd));
 }
+// The same for a varlen batch of `batch` sequences and total_q queries: the sm80 backward's
+// bwd_workspace_floats(1, nheads, total_q), or the larger sm90::bwd_varlen_workspace_floats.
+inline int64_t bwd_varlen_workspace_floats(int64_t batch, int64_t nheads, int64_t total_q, int head_dim, DType dtype,
+                                           int device = -1) {
+  const int64_t sm80 = bwd_workspace_floats(1, nheads, total_q);
+  const int hd = head_dim > 0 ? kernel_head_dim(head_dim, dtype, Direction::kBwd, Arch::kSm90) : 0;
+  if (hd == 0 || !device_is_sm90(device)) return sm80;
+  return std::max(sm80, sm90::bwd_varlen_workspace_floats(batch, nheads, total_q, hd));
+}
 
 // The kernel family the last forward launch of this process ran on (sm80 before any): a
 // diagnostic for tests and benchmarks, which ask which path a call took.

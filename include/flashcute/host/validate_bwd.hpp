@@ -30,7 +30,8 @@ struct BwdArgs : AttnOptions {  // the forward's options, exactly
   // orders its dQ adds.
   bool deterministic = false;
   // Set: a variable-length batch (VarlenArgs): every array has no batch dim, lse is
-  // (nheads, total_q), and the workspace holds bwd_workspace_floats(1, nheads, total_q).
+  // (nheads, total_q), and the workspace holds bwd_workspace_floats(1, nheads, total_q) (the sm90
+  // backward: bwd_varlen_workspace_floats, host/dispatch.hpp).
   std::optional<VarlenArgs> varlen;
 };
 
@@ -50,14 +51,17 @@ struct BwdPlan {
   KernelKey sm90_kernel{};
 };
 
-// Why the sm90 backward cannot take a call with these params, or nullptr when it can: the forward's
-// TMA rules (sm90_can_run) for q, k and v, the same for dout, dq, dk and dv stored 16 bytes a row
-// at a time, a fixed-length batch with at least one query and one key, and the grid's y (KV heads)
-// and z (batch) dims below 2^16. (plan_bwd already asks 16-byte strides of every array.)
+// Why the sm90 backward cannot take a call with these params, or nullptr when it can: TMA must
+// read q, k, v and dout (sm90_tma_can_read), dq, dk and dv are stored 16 bytes a row at a time, a
+// fixed-length or varlen batch (no KV cache) with at least one query and one key, and the grid's y
+// (KV heads) and z (batch) dims below 2^16. (plan_bwd already asks 16-byte strides of every array.)
 inline const char* sm90_bwd_can_run(const BwdParams& p) {
-  if (const char* why = sm90_can_run(p)) return why;
-  if (p.seqlen_q < 1) return "no queries";
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  if (p.cache_seqlens != nullptr || p.block_table != nullptr || p.seqlen_new > 0) return "a KV-cache call";
+  if (p.seqlen_q < 1 || (varlen && p.total_q < 1)) return "no queries";
+  if (p.seqlen_k < 1 || (varlen && p.total_k < 1)) return "no keys";
   if (p.nheads_k > 65535 || p.batch > 65535) return "2^16 KV heads or batch entries";
+  if (const char* why = sm90_tma_can_read(p)) return why;
   for (int64_t s : {p.do_row_stride, p.do_head_stride, p.do_batch_stride, p.dq_row_stride, p.dq_head_stride,
                     p.dq_batch_stride})
     if (s < 0 || s % 8 != 0 || s >= (int64_t{1} << 38)) return "dout or dq: a stride that is not a multiple of 16 bytes";
@@ -159,9 +163,10 @@ inline Status plan_bwd(const BwdArgs& a, BwdPlan& plan) {
   b.dv_batch_stride = kstride(dv, 0), b.dv_row_stride = kstride(dv, 1), b.dv_head_stride = kstride(dv, 2);
   if (a.varlen) b.do_batch_stride = b.dq_batch_stride = b.dk_batch_stride = b.dv_batch_stride = 0;
   const int sm90_hd = kernel_head_dim(p.head_dim, a.q.dtype, Direction::kBwd, Arch::kSm90);
-  // (sm90_bwd_can_run refuses varlen; the workspace's 16-byte alignment is checked above.)
-  if (sm90_hd > 0 && sm90_bwd_can_run(b) == nullptr &&
-      a.workspace.numel() >= sm90::bwd_workspace_floats(p.batch, p.nheads, p.seqlen_q, sm90_hd))
+  // (The workspace's 16-byte alignment is checked above.)
+  const int64_t sm90_need = a.varlen ? sm90::bwd_varlen_workspace_floats(p.batch, p.nheads, p.total_q, sm90_hd)
+                                     : sm90::bwd_workspace_floats(p.batch, p.nheads, p.seqlen_q, sm90_hd);
+  if (sm90_hd > 0 && sm90_bwd_can_run(b) == nullptr && a.workspace.numel() >= sm90_need)
     plan.sm90_kernel = KernelKey{Arch::kSm90, Direction::kBwd, a.q.dtype, sm90_hd};
   return Status::success();
 }

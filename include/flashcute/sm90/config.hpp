@@ -177,5 +177,13 @@ constexpr int64_t bwd_workspace_floats(int64_t batch, int64_t nheads, int64_t se
   const int64_t rows = batch * nheads * bwd_padded_rows(seqlen_q);
   return rows * (2 + int64_t(kernel_head_dim)) + rows / 64;
 }
+// A varlen batch of `batch` sequences and total_q queries: the same arrays, one run of rows a head
+// in which sequence b starts at (cu_seqlens_q[b] + 128 b) rounded down to 128 (BwdBatch).
+constexpr int64_t bwd_varlen_padded_rows(int64_t total_q, int64_t batch) {
+  return bwd_padded_rows(total_q) + 128 * batch;
+}
+constexpr int64_t bwd_varlen_workspace_floats(int64_t batch, int64_t nheads, int64_t total_q, int kernel_head_dim) {
+  return bwd_workspace_floats(1, nheads, bwd_varlen_padded_rows(total_q, batch), kernel_head_dim);
+}
 
 }  // namespace flashcute::sm90

@@ -23,40 +23,59 @@
 
 namespace flashcute::sm90 {
 
-// Grid (padded rows / 64, nheads, batch), 256 threads: four threads a row.
+// One block of 64 query rows of the preprocess (bwd_preprocess_kernel), of batch entry `seq`.
 template <class Element, int kHeadDim>
-__global__ void __launch_bounds__(256) bwd_preprocess_kernel(const BwdParams p, float* dpsum, float* lse2,
-                                                             float* dq_accum, int* dq_semaphore, int padded_rows) {
+CUTE_DEVICE void bwd_preprocess_block(const BwdParams& p, const BwdBatch& seq, float* dpsum, float* lse2,
+                                      float* dq_accum, int* dq_semaphore, int64_t padded_rows) {
   constexpr int kGroup = 4;
   const int m0 = int(blockIdx.x) * 64, head = int(blockIdx.y), batch = int(blockIdx.z);
+  if (m0 >= bwd_padded_rows(seq.seqlen_q)) return;  // varlen: past this entry's query blocks
   const int row = m0 + int(threadIdx.x) / kGroup, part = int(threadIdx.x) % kGroup;
-  const bool valid = row < p.seqlen_q;
+  const bool valid = row < seq.seqlen_q;
   const int r = valid ? row : 0;  // padding rows read nothing, but keep their pointers in bounds
-  const float lse = valid ? p.lse[batch * p.lse_batch_stride + head * p.lse_head_stride + row] : -INFINITY;
-  const KeyMask mask{p.seqlen_k, p.seqlen_k - p.seqlen_q, p.window_left, p.window_right};
+  const float lse =
+      valid ? p.lse[batch * p.lse_batch_stride + head * p.lse_head_stride + seq.q_start + row] : -INFINITY;
+  const KeyMask mask = seq.mask(p);
   const int head_k = head / (p.nheads / p.nheads_k);
+  // Row i of this batch entry (varlen: its batch strides are 0 and its rows start at q/k_start).
   auto at = [&](const void* base, int64_t batch_stride, int64_t row_stride, int64_t head_stride, int h, int i) {
-    return static_cast<const Element*>(base) + batch * batch_stride + i * row_stride + h * head_stride;
+    return static_cast<const Element*>(base) + batch * batch_stride + int64_t(i) * row_stride + h * head_stride;
   };
-  const DsumRow<Element> rd{at(p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride, head, r),
-                            at(p.dout, p.do_batch_stride, p.do_row_stride, p.do_head_stride, head, r),
-                            at(p.o, p.o_batch_stride, p.o_row_stride, p.o_head_stride, head, r),
-                            at(p.k, p.k_batch_stride, 0, p.k_head_stride, head_k, 0),
-                            at(p.v, p.v_batch_stride, 0, p.v_head_stride, head_k, 0),
+  const int qi = seq.q_start + r;
+  const DsumRow<Element> rd{at(p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride, head, qi),
+                            at(p.dout, p.do_batch_stride, p.do_row_stride, p.do_head_stride, head, qi),
+                            at(p.o, p.o_batch_stride, p.o_row_stride, p.o_head_stride, head, qi),
+                            at(p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, head_k, seq.k_start),
+                            at(p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride, head_k, seq.k_start),
                             p.k_row_stride,
                             p.v_row_stride,
                             cute::max(0, mask.key_begin(r)),
                             mask.key_end(r)};
   const float d = row_dsum<kGroup, kHeadDim>(rd, valid, p, lse, p.head_dim, part);
-  const int64_t bh = int64_t(batch) * p.nheads + head;
+  const int64_t rows = seq.rows + int64_t(head) * padded_rows;  // workspace row of this head's row 0
   if (part == 0) {
     constexpr float kLog2e = 1.4426950408889634f;
-    dpsum[bh * padded_rows + row] = d;
-    lse2[bh * padded_rows + row] = lse == -INFINITY ? INFINITY : lse * kLog2e;
+    dpsum[rows + row] = d;
+    lse2[rows + row] = lse == -INFINITY ? INFINITY : lse * kLog2e;
   }
-  if (dq_semaphore != nullptr && threadIdx.x == 0) dq_semaphore[bh * (padded_rows / 64) + blockIdx.x] = 0;
-  float4* acc = reinterpret_cast<float4*>(dq_accum + (bh * padded_rows + m0) * kHeadDim);
+  if (dq_semaphore != nullptr && threadIdx.x == 0) dq_semaphore[(rows + m0) / 64] = 0;
+  float4* acc = reinterpret_cast<float4*>(dq_accum + (rows + m0) * kHeadDim);
   for (int i = int(threadIdx.x); i < 64 * kHeadDim / 4; i += 256) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+}
+
+// Grid (padded rows / 64, nheads, batch), 256 threads: four threads a row.
+template <class Element, int kHeadDim>
+__global__ void __launch_bounds__(256) bwd_preprocess_kernel(const BwdParams p, float* dpsum, float* lse2,
+                                                             float* dq_accum, int* dq_semaphore, int64_t padded_rows) {
+  // Two copies of the block: in the fixed-length one the entry's lengths and offsets fold to the
+  // params (one copy for both took d 64's causal preprocess from 0.17 to 0.27 ms).
+  const int batch = int(blockIdx.z);
+  if (p.cu_seqlens_q == nullptr)
+    bwd_preprocess_block<Element, kHeadDim>(p, BwdBatch(p, batch, padded_rows), dpsum, lse2, dq_accum, dq_semaphore,
+                                            padded_rows);
+  else
+    bwd_preprocess_block<Element, kHeadDim>(p, BwdBatch(p, batch, padded_rows), dpsum, lse2, dq_accum, dq_semaphore,
+                                            padded_rows);
 }
 
 template <class Traits>
@@ -67,9 +86,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(__grid_consta
   extern __shared__ __align__(1024) char smem_buf[];
   auto& storage = *reinterpret_cast<typename Traits::SharedStorage*>(smem_buf);
   const BwdParams& p = kp.params;
-  const KeyMask keys{p.seqlen_k, p.seqlen_k - p.seqlen_q, p.window_left, p.window_right};
-  const BwdTile tile = bwd_tile<Traits::kBlockM, Traits::kBlockN>(p, keys, int(blockIdx.x), int(blockIdx.y),
-                                                                  int(blockIdx.z));
+  // Each role derives the tile after its register reconfiguration: held across it, a varlen
+  // entry's fields would be spilled for the 24-register producer warps.
+  auto this_tile = [&] {
+    return bwd_tile<Traits::kBlockM, Traits::kBlockN>(p, int(blockIdx.x), int(blockIdx.y), int(blockIdx.z),
+                                                      kp.padded_rows);
+  };
+  if (int(blockIdx.x) * Traits::kBlockN >= BwdBatch(p, int(blockIdx.z), kp.padded_rows).seqlen_k)
+    return;  // varlen: past this entry's keys
   if (threadIdx.x == 0) Mainloop::init_barriers(storage);
   cutlass::arch::fence_barrier_init();
   __syncthreads();
@@ -78,13 +102,17 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(__grid_consta
     // Warp 0 loads (one thread), warp 1 writes dQ; the others have nothing to do.
     cutlass::arch::warpgroup_reg_dealloc<Traits::kConfig.producer_regs>();
     const int warp = cutlass::canonical_warp_idx_sync();
-    if (warp == 1) mainloop.write_dq(tile, keys);
+    if (warp == 1) {
+      const BwdTile tile = this_tile();
+      mainloop.write_dq(tile, tile.seq.mask(p));
+    }
     if (warp != 0 || !cute::elect_one_sync()) return;
-    mainloop.load(tile);
+    mainloop.load(this_tile());
     return;
   }
   cutlass::arch::warpgroup_reg_alloc<Traits::kConfig.mma_regs>();
-  mainloop.mma(tile, keys, int(threadIdx.x) - 128);
+  const BwdTile tile = this_tile();
+  mainloop.mma(tile, tile.seq.mask(p), int(threadIdx.x) - 128);
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 }
 
@@ -94,18 +122,19 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(__grid_consta
 // tile in 16-byte pieces of rows.
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kMmaThreads) bwd_postprocess_kernel(const BwdParams p, const float* dq_accum,
-                                                                             int padded_rows) {
+                                                                             int64_t padded_rows) {
   using namespace cute;
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM, kHeadDim = Traits::kHeadDim, kThreads = Traits::kMmaThreads;
   constexpr int kPitch = kHeadDim + 8;  // a tile row in shared memory: 16 bytes of skew against bank conflicts
   __shared__ __align__(16) Element tile[kBlockM * kPitch];
   const int m0 = int(blockIdx.x) * kBlockM, head = int(blockIdx.y), batch = int(blockIdx.z);
+  const BwdBatch seq(p, batch, padded_rows);
+  if (m0 >= seq.seqlen_q) return;  // varlen: past this entry's queries
   const int t = int(threadIdx.x);
-  const int64_t bh = int64_t(batch) * p.nheads + head;
   typename Traits::TiledMmaDQ mma_dq;
   Tensor tQcQ = mma_dq.get_thread_slice(t).partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
-  const float2* acc = reinterpret_cast<const float2*>(dq_accum + (bh * padded_rows + m0) * kHeadDim +
+  const float2* acc = reinterpret_cast<const float2*>(dq_accum + (seq.rows + int64_t(head) * padded_rows + m0) * kHeadDim +
                                                      t / 128 * Traits::kDqChunk) + t % 128;
   const float s = p.softmax_scale;
   CUTE_UNROLL
@@ -116,12 +145,13 @@ __global__ void __launch_bounds__(Traits::kMmaThreads) bwd_postprocess_kernel(co
         *reinterpret_cast<const uint32_t*>(pair);
   }
   __syncthreads();
-  Element* dq = static_cast<Element*>(p.dq) + batch * p.dq_batch_stride + head * p.dq_head_stride;
+  Element* dq = static_cast<Element*>(p.dq) + batch * p.dq_batch_stride + head * p.dq_head_stride +
+                int64_t(seq.q_start) * p.dq_row_stride;
   constexpr int kVecs = kHeadDim / 8;  // 16-byte pieces a row
   CUTE_UNROLL
   for (int v = t; v < kBlockM * kVecs; v += kThreads) {
     const int r = v / kVecs, c = v % kVecs * 8;
-    if (m0 + r < p.seqlen_q && c < p.head_dim)
+    if (m0 + r < seq.seqlen_q && c < p.head_dim)
       *reinterpret_cast<uint4*>(dq + (m0 + r) * p.dq_row_stride + c) =
           *reinterpret_cast<const uint4*>(&tile[r * kPitch + c]);
   }

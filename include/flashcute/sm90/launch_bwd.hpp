@@ -4,7 +4,8 @@
 // Defines sm90::launch_bwd<dtype, head dim>, which common/launch.hpp declares; a generated
 // translation unit, compiled for sm_90a only, instantiates one. Preconditions: what plan_bwd
 // guarantees, sm90_bwd_can_run(params) (host/validate_bwd.hpp), and params.dsum pointing at
-// bwd_workspace_floats(batch, nheads, seqlen_q, kHeadDim) floats, 16-byte aligned. Reads no
+// bwd_workspace_floats(batch, nheads, seqlen_q, kHeadDim) floats (a varlen batch:
+// bwd_varlen_workspace_floats(batch, nheads, total_q, kHeadDim)), 16-byte aligned. Reads no
 // device memory on the host and enqueues only kernels: a launch can be captured into a CUDA graph.
 #pragma once
 
@@ -29,25 +30,29 @@ Status launch_bwd_with(const BwdParams& params, cudaStream_t stream) {
   using namespace cute;
   if (Status st = tma_encoder_available(); !st.ok()) return st;
   const BwdParams& p = params;
-  const int padded = int(bwd_padded_rows(p.seqlen_q));
-  const int64_t rows = int64_t(p.batch) * p.nheads * padded;
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  // The workspace's rows a head (BwdKernelParams); the grids cover the longest entry.
+  const int64_t padded = varlen ? bwd_varlen_padded_rows(p.total_q, p.batch) : bwd_padded_rows(p.seqlen_q);
+  const int64_t rows = (varlen ? 1 : p.batch) * p.nheads * padded;
+  const unsigned row_blocks = unsigned(bwd_padded_rows(p.seqlen_q) / 64);
   float* dpsum = p.dsum;
   float* lse2 = p.dsum + rows;
   float* dq_accum = p.dsum + 2 * rows;
   int* dq_semaphore = p.deterministic ? reinterpret_cast<int*>(dq_accum + rows * kHeadDim) : nullptr;
-  const dim3 grid_rows(unsigned(padded / 64), unsigned(p.nheads), unsigned(p.batch));
+  const dim3 grid_rows(row_blocks, unsigned(p.nheads), unsigned(p.batch));
   bwd_preprocess_kernel<Element, kHeadDim><<<grid_rows, 256, 0, stream>>>(p, dpsum, lse2, dq_accum, dq_semaphore,
                                                                          padded);
   FLASHCUTE_CUDA_CHECK(cudaGetLastError());
 
-  auto gmem = [&](const void* ptr, int rows_, int heads, int64_t row_stride, int64_t head_stride, int64_t batch_stride) {
-    return make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)), make_shape(rows_, p.head_dim, heads, p.batch),
+  // (rows, d, heads, batch) as bwd_tma_shape has them: varlen (total, d, heads, 1).
+  auto gmem = [&](const void* ptr, bool keys, int64_t row_stride, int64_t head_stride, int64_t batch_stride) {
+    return make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)), bwd_tma_shape(p, keys),
                        make_stride(tma_stride(row_stride), _1{}, tma_stride(head_stride), tma_stride(batch_stride)));
   };
-  auto q = gmem(p.q, p.seqlen_q, p.nheads, p.q_row_stride, p.q_head_stride, p.q_batch_stride);  // (Sq,d,H,B)
-  auto dout = gmem(p.dout, p.seqlen_q, p.nheads, p.do_row_stride, p.do_head_stride, p.do_batch_stride);
-  auto k = gmem(p.k, p.seqlen_k, p.nheads_k, p.k_row_stride, p.k_head_stride, p.k_batch_stride);  // (Sk,d,Hk,B)
-  auto v = gmem(p.v, p.seqlen_k, p.nheads_k, p.v_row_stride, p.v_head_stride, p.v_batch_stride);
+  auto q = gmem(p.q, false, p.q_row_stride, p.q_head_stride, p.q_batch_stride);  // (Sq,d,H,B)
+  auto dout = gmem(p.dout, false, p.do_row_stride, p.do_head_stride, p.do_batch_stride);
+  auto k = gmem(p.k, true, p.k_row_stride, p.k_head_stride, p.k_batch_stride);  // (Sk,d,Hk,B)
+  auto v = gmem(p.v, true, p.v_row_stride, p.v_head_stride, p.v_batch_stride);
   const BwdKernelParams<Traits> kp{
       p,
       dpsum,
@@ -67,7 +72,8 @@ Status launch_bwd_with(const BwdParams& params, cudaStream_t stream) {
                   unsigned(p.batch));
   kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(kp);
   FLASHCUTE_CUDA_CHECK(cudaGetLastError());
-  const dim3 grid_blocks(unsigned(padded / Traits::kBlockM), unsigned(p.nheads), unsigned(p.batch));
+  const dim3 grid_blocks(unsigned(bwd_padded_rows(p.seqlen_q) / Traits::kBlockM), unsigned(p.nheads),
+                         unsigned(p.batch));
   bwd_postprocess_kernel<Traits><<<grid_blocks, Traits::kMmaThreads, 0, stream>>>(p, dq_accum, padded);
   FLASHCUTE_CUDA_CHECK(cudaGetLastError());
   return Status::success();

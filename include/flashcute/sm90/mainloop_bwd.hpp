@@ -43,17 +43,28 @@ CUTE_DEVICE void bulk_reduce_add(float* dst, const float* src, uint32_t bytes) {
 // until the block's count says it is this CTA's turn; pass_turn waits for the add to land in
 // global memory (wait_group, not wait_group.read, which only says the source was read) and
 // counts it. The proxy fences order the async-proxy reduces with the generic-proxy counter.
+// (count < turn, not !=: the same for valid inputs, where the count stops at each turn until it is
+// taken, but a varlen batch whose cu_seqlens descend may place two sequences' blocks on one count,
+// and then the wait must still end.)
 CUTE_DEVICE void wait_turn(const int* sem, int turn) {
   int count;
   do {
     asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(count) : "l"(sem) : "memory");
-  } while (count != turn);
+  } while (count < turn);
   asm volatile("fence.proxy.async.global;" ::: "memory");
 }
 CUTE_DEVICE void pass_turn(int* sem) {
   asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
   asm volatile("fence.proxy.async.global;" ::: "memory");
   asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(sem) : "memory");
+}
+
+// The (rows, d, heads, batch) extents of the TMA tensors of q and dout (keys: k and v). A varlen
+// batch is one batch of all its rows; BwdBatch says where each sequence starts.
+CUTE_HOST_DEVICE auto bwd_tma_shape(const BwdParams& p, bool keys) {
+  const bool varlen = p.cu_seqlens_q != nullptr;
+  const int rows = keys ? (varlen ? p.total_k : p.seqlen_k) : (varlen ? p.total_q : p.seqlen_q);
+  return cute::make_shape(rows, p.head_dim, keys ? p.nheads_k : p.nheads, varlen ? 1 : p.batch);
 }
 
 template <class Traits>
@@ -85,14 +96,21 @@ struct BwdMainloop {
     using namespace cute;
     const BwdParams& p = kp.params;
     const int group = p.nheads / p.nheads_k;
-    Tensor mQ = kp.tma_q.get_tma_tensor(make_shape(p.seqlen_q, p.head_dim, p.nheads, p.batch));    // (Sq,d,H,B)
-    Tensor mdO = kp.tma_do.get_tma_tensor(make_shape(p.seqlen_q, p.head_dim, p.nheads, p.batch));  // (Sq,d,H,B)
-    Tensor mK = kp.tma_k.get_tma_tensor(make_shape(p.seqlen_k, p.head_dim, p.nheads_k, p.batch));  // (Sk,d,Hk,B)
-    Tensor mV = kp.tma_v.get_tma_tensor(make_shape(p.seqlen_k, p.head_dim, p.nheads_k, p.batch));  // (Sk,d,Hk,B)
+    Tensor mQ = kp.tma_q.get_tma_tensor(bwd_tma_shape(p, false));   // (Sq,d,H,B); varlen (total_q,d,H,1)
+    Tensor mdO = kp.tma_do.get_tma_tensor(bwd_tma_shape(p, false));  // (Sq,d,H,B)
+    Tensor mK = kp.tma_k.get_tma_tensor(bwd_tma_shape(p, true));     // (Sk,d,Hk,B); varlen (total_k,d,Hk,1)
+    Tensor mV = kp.tma_v.get_tma_tensor(bwd_tma_shape(p, true));     // (Sk,d,Hk,B)
     using TileQ = Shape<Int<kBlockM>, Int<kHeadDim>>;
     using TileK = Shape<Int<kBlockN>, Int<kHeadDim>>;
-    Tensor gK = local_tile(mK(_, _, tile.head_k, tile.batch), TileK{}, make_coord(tile.n_block, 0));  // (BLK_N,D)
-    Tensor gV = local_tile(mV(_, _, tile.head_k, tile.batch), TileK{}, make_coord(tile.n_block, 0));  // (BLK_N,D)
+    // This batch entry's rows: from row q_start / k_start of one varlen batch. Rows past an entry
+    // are the next entry's (zero past the array): its padding rows' lse (+inf) gives them P = 0,
+    // and the mask hides keys past seqlen_k.
+    const BwdBatch& seq = tile.seq;
+    auto keys_of = [&](const auto& m) {  // (Sk,d) of this entry and KV head
+      return domain_offset(make_coord(seq.k_start, _0{}), m(_, _, tile.head_k, seq.tma_batch));
+    };
+    Tensor gK = local_tile(keys_of(mK), TileK{}, make_coord(tile.n_block, 0));  // (BLK_N,D)
+    Tensor gV = local_tile(keys_of(mV), TileK{}, make_coord(tile.n_block, 0));  // (BLK_N,D)
     Tensor sK = smem(storage.k.data(), typename Traits::SmemLayoutK{});                                // (BLK_N,D)
     Tensor sV = smem(storage.v.data(), typename Traits::SmemLayoutK{});                                // (BLK_N,D)
     Tensor sQ = smem(storage.q.data(), typename Traits::SmemLayoutQ{});                                // (BLK_M,D,PIPE)
@@ -105,12 +123,15 @@ struct BwdMainloop {
     State st;
     for (int g = 0; g < group; ++g) {
       const int head = tile.head_k * group + g;
-      Tensor gQ = local_tile(mQ(_, _, head, tile.batch), TileQ{}, make_coord(_, 0));     // (BLK_M,D,m)
-      Tensor gdO = local_tile(mdO(_, _, head, tile.batch), TileQ{}, make_coord(_, 0));   // (BLK_M,D,m)
+      auto queries_of = [&](const auto& m) {  // (Sq,d) of this entry and head
+        return domain_offset(make_coord(seq.q_start, _0{}), m(_, _, head, seq.tma_batch));
+      };
+      Tensor gQ = local_tile(queries_of(mQ), TileQ{}, make_coord(_, 0));    // (BLK_M,D,m)
+      Tensor gdO = local_tile(queries_of(mdO), TileQ{}, make_coord(_, 0));  // (BLK_M,D,m)
       auto [tQgQ, tQsQ] = tma_partition(kp.tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
       auto [tOgO, tOsO] =
           tma_partition(kp.tma_do, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
-      const int64_t rows = (int64_t(tile.batch) * p.nheads + head) * kp.padded_rows;
+      const int64_t rows = seq.rows + int64_t(head) * kp.padded_rows;  // workspace row of query row 0
       for (int m = tile.m_first; m < tile.m_last; ++m, ++st) {
         uint64_t& full = qdo_pipe.producer_acquire(st, 2 * Traits::kQBytes + 2 * Traits::kRowBytes);
         copy(kp.tma_q.with(full), tQgQ(_, m), tQsQ(_, st.index()));
@@ -135,14 +156,14 @@ struct BwdMainloop {
     const bool leader = cute::elect_one_sync();
     for (int w = 0; w < 2; ++w) NamedBarrier::arrive(kThreads, NamedBarriers::kBwdDqEmpty + w);  // start empty
     for (int g = 0; g < group; ++g) {
-      const int64_t bh = int64_t(tile.batch) * p.nheads + tile.head_k * group + g;
-      float* dq_accum = kp.dq_accum + bh * kp.padded_rows * kHeadDim;
+      const int64_t rows = tile.seq.rows + int64_t(tile.head_k * group + g) * kp.padded_rows;
+      float* dq_accum = kp.dq_accum + rows * kHeadDim;
       for (int m = tile.m_first; m < tile.m_last; ++m) {
-        int* sem = kp.dq_semaphore == nullptr ? nullptr : kp.dq_semaphore + bh * (kp.padded_rows / kBlockM) + m;
+        int* sem = kp.dq_semaphore == nullptr ? nullptr : kp.dq_semaphore + (rows + m * kBlockM) / 64;
         for (int w = 0; w < 2; ++w) {
           NamedBarrier::sync(kThreads, NamedBarriers::kBwdDqFull + w);
           if (leader) {
-            if (sem && w == 0) wait_turn(sem, bwd_dq_turn<kBlockM, kBlockN>(p, keys, tile.n_block, m));
+            if (sem && w == 0) wait_turn(sem, bwd_dq_turn<kBlockM, kBlockN>(keys, tile.seq.seqlen_q, tile.n_block, m));
             bulk_reduce_add(dq_accum + int64_t(m) * kBlockM * kHeadDim + w * Traits::kDqChunk,
                             storage.dq.data() + w * Traits::kDqChunk, kBytes);
             cute::tma_store_arrive();
@@ -244,7 +265,7 @@ struct BwdMainloop {
           for (int i = 0; i < size(acc_s); ++i) acc_s(i) = tanhf(acc_s(i) * prescale);
         }
         // P^T = exp2(S^T exp_scale - lse log2(e)), zero where the query does not see the key.
-        if (keys.tile_needs_mask(m0, kBlockM, n0 + 64 * wg, 64) || n0 + kBlockN > p.seqlen_k)
+        if (keys.tile_needs_mask(m0, kBlockM, n0 + 64 * wg, 64) || n0 + kBlockN > tile.seq.seqlen_k)
           keys.apply_transposed(s_rc, c_rc, n0, m0, -INFINITY);
         CUTE_UNROLL
         for (int i = 0; i < size<0>(s_rc); ++i) {
@@ -329,13 +350,13 @@ struct BwdMainloop {
     auto store = [&](auto const& s_tile, void* base, int64_t batch_stride, int64_t row_stride,
                      int64_t head_stride) {
       Element* g = static_cast<Element*>(base) + tile.batch * batch_stride + tile.head_k * head_stride +
-                   int64_t(row0) * row_stride;
+                   int64_t(tile.seq.k_start + row0) * row_stride;
       Tensor gKV = make_tensor(make_gmem_ptr(g), TileKV{}, make_stride(row_stride, _1{}));  // (64,D)
       Tensor tKVsKV = gmem_thr_copy.partition_S(local_tile(s_tile, TileKV{}, make_coord(wg, 0)));  // (CPY,CPY_M,CPY_D)
       Tensor tKVgKV = gmem_thr_copy.partition_D(gKV);                                              // (CPY,CPY_M,CPY_D)
       Tensor tKVrKV = make_tensor<Element>(shape(tKVgKV));
       copy(gmem_copy, tKVsKV, tKVrKV);
-      store_tile(gmem_copy, tKVrKV, tKVgKV, tKVcKV, p.seqlen_k - row0, p.head_dim);
+      store_tile(gmem_copy, tKVrKV, tKVgKV, tKVcKV, tile.seq.seqlen_k - row0, p.head_dim);
     };
     store(sK, p.dk, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride);
     store(sV, p.dv, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);

@@ -31,6 +31,7 @@
 
 #include "flashcute/common/mask.hpp"
 #include "flashcute/common/params.hpp"
+#include "flashcute/common/seqlen.hpp"
 
 namespace flashcute::sm90 {
 
@@ -285,21 +286,55 @@ TileSchedule plan_tile_schedule(bool pair_tiles, unsigned m_blocks, unsigned hea
   return chosen;
 }
 
+// The backward's view of one batch entry: its lengths, where its rows start in the arrays, and
+// where they start in the workspace (D, lse and the dQ accumulator, `padded_rows` a head:
+// bwd_padded_rows, or bwd_varlen_padded_rows for a varlen batch). A varlen entry's lengths come
+// from cu_seqlens (clamped: common/seqlen.hpp), capped at the call's maxima, which size the grids;
+// its workspace rows start at (q_start + 128 batch) rounded down to 128, so that no two entries'
+// 128-row blocks share a row when cu_seqlens ascend (and none leaves the workspace when not).
+struct BwdBatch {
+  int seqlen_q, seqlen_k;
+  int q_start = 0, k_start = 0;  // varlen: the entry's first row of q, dout, dq and of k, v
+  int tma_batch;                 // the batch coordinate of the TMA tensors (varlen: 0, one batch)
+  int64_t rows;                  // workspace row of query row 0, head 0; head h adds h * padded_rows
+
+  CUTE_HOST_DEVICE BwdBatch(const BwdParams& p, int batch, int64_t padded_rows)
+      : seqlen_q(p.seqlen_q), seqlen_k(p.seqlen_k), tma_batch(batch) {
+    if (p.cu_seqlens_q == nullptr) {
+      rows = int64_t(batch) * p.nheads * padded_rows;
+      return;
+    }
+    const FwdSeqlen s(p, batch);
+    seqlen_q = cute::min(s.seqlen_q, p.seqlen_q);
+    seqlen_k = cute::min(s.seqlen_k, p.seqlen_k);
+    q_start = s.q_start;
+    k_start = s.k_start;
+    tma_batch = 0;
+    rows = (int64_t(q_start) + 128 * int64_t(batch)) / 128 * 128;
+  }
+  CUTE_HOST_DEVICE KeyMask mask(const BwdParams& p) const {
+    return KeyMask{seqlen_k, seqlen_k - seqlen_q, p.window_left, p.window_right};
+  }
+};
+
 // The backward: one CTA per (key block, KV head, batch) walks the query blocks [m_first, m_last)
 // whose rows see its keys (the mask's band: KeyMask::query_begin/query_end), for each query head
-// of the group.
+// of the group. A key block past the entry's keys (varlen) has none.
 struct BwdTile {
   int n_block, head_k, batch;
   int m_first, m_last;
+  BwdBatch seq;
 };
 
 template <int kBlockM, int kBlockN>
-CUTE_HOST_DEVICE BwdTile bwd_tile(const BwdParams& p, const KeyMask& keys, int n_block, int head_k, int batch) {
+CUTE_HOST_DEVICE BwdTile bwd_tile(const BwdParams& p, int n_block, int head_k, int batch, int64_t padded_rows) {
+  BwdTile t{n_block, head_k, batch, 0, 0, BwdBatch(p, batch, padded_rows)};
+  const KeyMask keys = t.seq.mask(p);
   const int key_lo = n_block * kBlockN;
-  const int key_hi = cute::min(key_lo + kBlockN, p.seqlen_k) - 1;  // the block's last key
+  if (key_lo >= t.seq.seqlen_k) return t;
+  const int key_hi = cute::min(key_lo + kBlockN, t.seq.seqlen_k) - 1;  // the block's last key
   const int q_lo = keys.query_begin(key_lo);
-  const int q_hi = keys.query_end(key_hi, p.seqlen_q);
-  BwdTile t{n_block, head_k, batch, 0, 0};
+  const int q_hi = keys.query_end(key_hi, t.seq.seqlen_q);
   if (q_hi > q_lo) t.m_first = q_lo / kBlockM, t.m_last = (q_hi + kBlockM - 1) / kBlockM;
   return t;
 }
@@ -310,8 +345,8 @@ CUTE_HOST_DEVICE BwdTile bwd_tile(const BwdParams& p, const KeyMask& keys, int n
 // (causal, windows) a later key block starts at a later query block and reaches m in fewer steps,
 // so the last goes first; without one every block starts at query block 0, first goes first.
 template <int kBlockM, int kBlockN>
-CUTE_HOST_DEVICE int bwd_dq_turn(const BwdParams& p, const KeyMask& keys, int n_block, int m) {
-  const KeyMask::Blocks kb = keys.key_blocks(m * kBlockM, kBlockM, p.seqlen_q, kBlockN);
+CUTE_HOST_DEVICE int bwd_dq_turn(const KeyMask& keys, int seqlen_q, int n_block, int m) {
+  const KeyMask::Blocks kb = keys.key_blocks(m * kBlockM, kBlockM, seqlen_q, kBlockN);
   return keys.window_right >= 0 ? kb.last - 1 - n_block : n_block - kb.first;
 }
 

@@ -135,16 +135,17 @@ struct BwdTraits {
 template <class Traits>
 struct BwdKernelParams {
   BwdParams params;
-  const float* dpsum;  // (batch, nheads, padded rows): D = rowsum(dO o O)
-  const float* lse2;   // (batch, nheads, padded rows): lse * log2(e); +inf on rows no key reaches
-  // (batch, nheads, padded rows / BLK_M, BLK_M x kernel head dim), zeroed by the preprocess; each
-  // block of rows in kDqChunk order (the postprocess reorders it).
+  // The workspace, per (batch, head) a run of padded_rows rows (bwd_padded_rows), or for a varlen
+  // batch per head one run of bwd_varlen_padded_rows in which BwdBatch::rows places each sequence.
+  const float* dpsum;  // D = rowsum(dO o O), a row
+  const float* lse2;   // lse * log2(e), a row; +inf on rows no key reaches and on padding rows
+  // kernel head dim floats a row, zeroed by the preprocess; each block of BLK_M rows in kDqChunk
+  // order (the postprocess reorders it).
   float* dq_accum;
-  // deterministic: one add count per (batch, head, block of BLK_M rows), zeroed by the preprocess
-  // (which zeroes one per 64 rows: the workspace's count, enough for any BLK_M),
-  // that orders the key blocks' dQ adds (wait_turn); nullptr otherwise.
+  // deterministic: one add count per 64 rows, zeroed by the preprocess; the count of the block
+  // of BLK_M rows that starts there orders the key blocks' dQ adds (wait_turn); nullptr otherwise.
   int* dq_semaphore;
-  int padded_rows;
+  int64_t padded_rows;
   typename Traits::TmaQ tma_q;
   typename Traits::TmaQ tma_do;
   typename Traits::TmaK tma_k;
