@@ -27,7 +27,7 @@
 #   FC_BENCH_ARGS      arguments for the bench CLI, e.g. "--quick" (default none: the full FA grid)
 #   FC_PYTEST_ARGS     what pytest runs (default tests/python), e.g. "tests/python/test_kvcache_torch.py -x"
 #   FC_SANITIZE_TOOLS  compute-sanitizer tools (default "memcheck racecheck synccheck initcheck")
-#   FC_SANITIZE_ARGS   sanitize.py's arguments (default "--backward --kvcache"; "" for the forward only)
+#   FC_SANITIZE_ARGS   sanitize.py's arguments (default "--backward --kvcache --varlen"; "" for the forward only)
 #   FC_SKIP_INSTALL=1  reuse what a previous call on this (still warm) machine installed
 #
 # A device call may run 600 s, and the install (every kernel) takes 220-260 s, ctest 135-155 s,
@@ -127,7 +127,7 @@ stage_sanitize() {
   for tool in ${FC_SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}; do
     banner "compute-sanitizer --tool $tool"
     # shellcheck disable=SC2086
-    "$cs" --tool "$tool" --error-exitcode 1 python3 scripts/sanitize.py ${FC_SANITIZE_ARGS---backward --kvcache} 2>&1 | tee "$OUT/sanitize-$tool.log"
+    "$cs" --tool "$tool" --error-exitcode 1 python3 scripts/sanitize.py ${FC_SANITIZE_ARGS---backward --kvcache --varlen} 2>&1 | tee "$OUT/sanitize-$tool.log"
     record "$tool" "${PIPESTATUS[0]}"
   done
 }

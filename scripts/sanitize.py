@@ -2,7 +2,7 @@
 """A small set of flashcute forward calls for NVIDIA compute-sanitizer (docs/sanitizer.md).
 
     for t in memcheck racecheck synccheck initcheck; do
-      compute-sanitizer --tool $t --error-exitcode 1 python3 scripts/sanitize.py --backward --kvcache
+      compute-sanitizer --tool $t --error-exitcode 1 python3 scripts/sanitize.py --backward --kvcache --varlen
     done
 
 The cases cover the edges a kernel gets wrong: ragged seqlens (17, 113, 257: partial first and
@@ -11,7 +11,9 @@ a ragged tail, GQA 4:1 and MQA, a sliding window, softcap, head dims that pad up
 dim (72 -> 96), every kernel head dim, a strided packed-qkv view and a caller-provided `out`, each
 in bf16 and fp16. Sizes are tiny so that racecheck finishes in seconds. --kvcache adds
 flash_attn_with_kvcache calls: paged caches with shuffled pages and an append, split-KV (automatic
-and forced), a contiguous MQA cache, and out-of-range page numbers and cache lengths.
+and forced), a contiguous MQA cache, and out-of-range page numbers and cache lengths. --varlen adds
+flash_attn_varlen_func calls, forward and backward on each backward path (empty, one-row and
+ragged sequences, GQA, masks), and garbage cu_seqlens: out of range, and descending.
 
 The only GPU kernels this process launches are flashcute's: inputs are made on the CPU and copied
 in, and the checks run on the CPU after one synchronisation at the end. So every sanitizer report
@@ -248,6 +250,91 @@ def run_kvcache(case: KvCase, dtype: torch.dtype, seed: int) -> tuple[bool, str]
     return True, "; ".join(notes[:1])
 
 
+@dataclass(frozen=True)
+class VarlenCase:
+    """A flash_attn_varlen_func call and its backward (autograd). `cu` set: these cu_seqlens_q and
+    cu_seqlens_k instead of the lengths' (garbage: only the sanitizer's verdict and finite
+    results count)."""
+
+    name: str
+    lens_q: tuple[int, ...]
+    lens_k: tuple[int, ...]
+    nheads: int
+    nheads_k: int
+    headdim: int
+    causal: bool = False
+    window: tuple[int, int] = (-1, -1)
+    cu: tuple[tuple[int, ...], tuple[int, ...]] | None = None
+
+    def describe(self) -> str:
+        return (f"q{self.lens_q} k{self.lens_k} h{self.nheads}/{self.nheads_k} d{self.headdim}"
+                + (" causal" if self.causal else "") + (f" window{self.window}" if self.window != (-1, -1) else "")
+                + (f" cu_seqlens {self.cu}" if self.cu else ""))
+
+
+VARLEN_CASES: tuple[VarlenCase, ...] = (
+    VarlenCase("varlen-ragged-causal", (17, 1, 0, 300), (17, 40, 5, 300), 4, 2, 64, causal=True),
+    VarlenCase("varlen-gqa-window", (200, 129, 77), (150, 129, 300), 8, 2, 128, window=(40, 7)),
+    VarlenCase("varlen-out-of-range", (64, 64, 64), (48, 48, 48), 2, 2, 64, causal=True,
+               cu=((0, 1 << 30, -5, 192), (-100, 10, 9, 1 << 20))),
+    # Sequences 0 and 2 both take rows [0, 300) (1 is empty): their sm90 workspace blocks overlap.
+    VarlenCase("varlen-descending", (300, 0), (200, 0), 2, 2, 64, cu=((0, 300, 0, 300), (0, 200, 0, 200))),
+)
+
+
+def run_varlen(case: VarlenCase, dtype: torch.dtype, seed: int) -> tuple[bool, str]:
+    """The forward, then its backward on the sm80 path and on the sm90 one (with and without
+    deterministic) where that takes the call, each sequence checked on the CPU."""
+    gen = torch.Generator().manual_seed(seed)
+    tq, tk = sum(case.lens_q), sum(case.lens_k)
+    q = torch.randn(tq, case.nheads, case.headdim, generator=gen).to(dtype)
+    k, v = (torch.randn(tk, case.nheads_k, case.headdim, generator=gen).to(dtype) for _ in range(2))
+    dout = torch.randn(q.shape, generator=gen).to(dtype)
+    spans = []
+    for lens in (case.lens_q, case.lens_k):
+        ends = [0]
+        for n in lens:
+            ends.append(ends[-1] + n)
+        spans.append(ends)
+    cu_q, cu_k = case.cu if case.cu else spans
+    dev_cu = [torch.tensor(c, dtype=torch.int32).to(DEVICE) for c in (cu_q, cu_k)]
+    opts = dict(softmax_scale=case.headdim**-0.5, causal=case.causal, window_size=case.window)
+    notes = []
+    for path, deterministic in (("sm80", False), ("sm90", False), ("sm90", True)):
+        leaves = [x.to(DEVICE).requires_grad_() for x in (q, k, v)]
+        with env_var("FLASHCUTE_BACKWARD_PATH", path):
+            # Garbage cu_seqlens may make a sequence as long as the arrays: maxima that cover it.
+            maxima = (tq, tk) if case.cu else (max(case.lens_q), max(case.lens_k))
+            out, lse = flashcute.flash_attn_varlen_func(*leaves, *dev_cu, *maxima,
+                                                        deterministic=deterministic, return_lse=True, **opts)
+            grads = torch.autograd.grad(out, leaves, dout.to(DEVICE))
+        ran = flashcute.last_backward_path()
+        if ran != path:  # the sm90 backward does not take this case
+            continue
+        torch.cuda.synchronize()
+        name = ran + (" deterministic" if deterministic else "")
+        out, lse, grads = out.detach().cpu(), lse.cpu(), [g.cpu() for g in grads]
+        if case.cu:
+            if not all(bool(torch.isfinite(x).all()) for x in (out, *grads)):
+                return False, f"{name}: a non-finite output or gradient"
+            notes.append(f"{name}: ran, finite")
+            continue
+        for i in range(len(case.lens_q)):
+            (q0, q1), (k0, k1) = spans[0][i:i + 2], spans[1][i:i + 2]
+            if q1 == q0 or k1 == k0:
+                continue
+            args = (q[None, q0:q1], k[None, k0:k1], v[None, k0:k1])
+            r = check_attention(out[None, q0:q1], *args, lse=lse[None, :, q0:q1], **opts)
+            if not r.ok:
+                return False, f"{name}, sequence {i}: forward: {r.message}"
+            g = (grads[0][None, q0:q1], grads[1][None, k0:k1], grads[2][None, k0:k1])
+            r = check_gradients(g, dout[None, q0:q1], *args, **opts)
+            if not r.ok:
+                return False, f"{name}, sequence {i}: backward: {r.message}"
+        notes.append(f"{name} ok")
+    return True, "; ".join(notes)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dtypes", default="bf16,fp16", help="comma-separated: bf16, fp16 (default both)")
@@ -258,6 +345,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="also run flash_attn_bwd on every case and check dq, dk, dv")
     parser.add_argument("--kvcache", action="store_true",
                         help="also run flash_attn_with_kvcache cases (paged, append, split-KV, garbage indices)")
+    parser.add_argument("--varlen", action="store_true",
+                        help="also run flash_attn_varlen_func cases, forward and backward (garbage cu_seqlens too)")
     args = parser.parse_args(argv)
     cases = [c for c in CASES if args.only in c.name]
     if args.list:
@@ -317,6 +406,19 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"PASS {dname} {kv_case.name:22s} {note}", flush=True)
                 else:
                     failed.append((kv_case, dname, note))
+    if args.varlen:
+        for ci, vl_case in enumerate(c for c in VARLEN_CASES if args.only in c.name):
+            for dname in dtypes:
+                try:
+                    ok, note = run_varlen(vl_case, DTYPES[dname], seed=200 + ci)
+                except NotImplementedError as exc:
+                    skipped.append((vl_case, dname, f"NotImplementedError: {exc}"))
+                    continue
+                passed += ok
+                if ok:
+                    print(f"PASS {dname} {vl_case.name:22s} {vl_case.describe()}: {note}", flush=True)
+                else:
+                    failed.append((vl_case, dname, note))
     for case, dname, note in skipped:
         print(f"SKIP {dname} {case.name:22s} {case.describe()}: {note}", flush=True)
     for case, dname, note in failed:
