@@ -393,32 +393,23 @@ def main(argv: list[str] | None = None) -> int:
             failed.append((case, dname, note))
         else:
             print(f"PASS {dname} {case.name:22s} [{path}] {case.describe()}: {note}", flush=True)
-    if args.kvcache:
-        for ci, kv_case in enumerate(c for c in KV_CASES if args.only in c.name):
+    # The KV-cache and varlen cases: each runs and checks itself (run_kvcache, run_varlen).
+    extra = [(KV_CASES, run_kvcache, 100, False)] if args.kvcache else []
+    extra += [(VARLEN_CASES, run_varlen, 200, True)] if args.varlen else []
+    for extra_cases, run, seed, describe in extra:
+        for ci, x_case in enumerate(c for c in extra_cases if args.only in c.name):
             for dname in dtypes:
                 try:
-                    ok, note = run_kvcache(kv_case, DTYPES[dname], seed=100 + ci)
+                    ok, note = run(x_case, DTYPES[dname], seed=seed + ci)
                 except NotImplementedError as exc:
-                    skipped.append((kv_case, dname, f"NotImplementedError: {exc}"))
+                    skipped.append((x_case, dname, f"NotImplementedError: {exc}"))
                     continue
                 passed += ok
                 if ok:
-                    print(f"PASS {dname} {kv_case.name:22s} {note}", flush=True)
+                    what = f" {x_case.describe()}:" if describe else ""
+                    print(f"PASS {dname} {x_case.name:22s}{what} {note}", flush=True)
                 else:
-                    failed.append((kv_case, dname, note))
-    if args.varlen:
-        for ci, vl_case in enumerate(c for c in VARLEN_CASES if args.only in c.name):
-            for dname in dtypes:
-                try:
-                    ok, note = run_varlen(vl_case, DTYPES[dname], seed=200 + ci)
-                except NotImplementedError as exc:
-                    skipped.append((vl_case, dname, f"NotImplementedError: {exc}"))
-                    continue
-                passed += ok
-                if ok:
-                    print(f"PASS {dname} {vl_case.name:22s} {vl_case.describe()}: {note}", flush=True)
-                else:
-                    failed.append((vl_case, dname, note))
+                    failed.append((x_case, dname, note))
     for case, dname, note in skipped:
         print(f"SKIP {dname} {case.name:22s} {case.describe()}: {note}", flush=True)
     for case, dname, note in failed:
