@@ -107,3 +107,20 @@ def require_kernel():
     """require_kernel(dtype, head_dim): skips the test, with the reason, when this build has no kernel
     for dtype ("float16" / "bfloat16") at head_dim."""
     return _require_kernel
+
+
+@pytest.fixture(scope="session")
+def sm90_bwd_why_not(torch):
+    """sm90_bwd_why_not(head_dim, dtype): '' when the sm90 backward takes that head dim and dtype
+    ("float16" / "bfloat16") on this GPU and build, else why not."""
+    import flashcute
+
+    def why_not(head_dim: int, dtype: str) -> str:
+        if torch.cuda.get_device_capability() != (9, 0):
+            return ("the sm90 backward runs on compute capability 9.0 only, this GPU is "
+                    f"{torch.cuda.get_device_capability()}")
+        if not any(k[:3] == ("sm90", "bwd", dtype) and k[3] >= head_dim for k in flashcute.compiled_kernels()):
+            return f"this build has no sm90 backward kernel for {dtype} head dim {head_dim}"
+        return ""
+
+    return why_not

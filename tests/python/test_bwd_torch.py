@@ -86,21 +86,12 @@ def _inputs(torch, c: Case, dtype, seed: int):
     return q, k, v, dout
 
 
-def _sm90_bwd_takes(torch, c: Case, dtype: str) -> str:
-    """'' when the sm90 backward takes case c on this GPU and build, else why not."""
-    if torch.cuda.get_device_capability() != (9, 0):
-        return f"the sm90 backward runs on compute capability 9.0 only, this GPU is {torch.cuda.get_device_capability()}"
-    if not any(k[:3] == ("sm90", "bwd", dtype) and k[3] >= c.d for k in flashcute.compiled_kernels()):
-        return f"this build has no sm90 backward kernel for {dtype} head dim {c.d}"
-    return ""
-
-
 @pytest.mark.parametrize("bwd_path", ["sm80", "sm90"])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_autograd_matches_reference(torch, require_kernel, monkeypatch, case, dtype, bwd_path):
+def test_autograd_matches_reference(torch, sm90_bwd_why_not, require_kernel, monkeypatch, case, dtype, bwd_path):
     require_kernel(dtype, case.d)
-    if bwd_path == "sm90" and (why := _sm90_bwd_takes(torch, case, dtype)):
+    if bwd_path == "sm90" and (why := sm90_bwd_why_not(case.d, dtype)):
         pytest.skip(why)
     monkeypatch.setenv("FLASHCUTE_BACKWARD_PATH", bwd_path)
     q, k, v, dout = _inputs(torch, case, dtype, seed=hash(case.id) % 1000)
@@ -119,7 +110,7 @@ def test_autograd_matches_reference(torch, require_kernel, monkeypatch, case, dt
 
 
 @pytest.mark.parametrize("bwd_path", ["sm80", "sm90"])
-def test_rows_that_see_few_keys(torch, require_kernel, monkeypatch, bwd_path):
+def test_rows_that_see_few_keys(torch, sm90_bwd_why_not, require_kernel, monkeypatch, bwd_path):
     """Rows that see a few keys, where D = rowsum(dO * O) from the rounded O broke the rule (issue 30;
     common/dsum.hpp). First the issue's case: bf16, d 64, batch 2, 113 queries on 2 keys, one head,
     causal, window (16, 100), q/k/v strided views of one packed tensor, deterministic. Then random
@@ -128,7 +119,7 @@ def test_rows_that_see_few_keys(torch, require_kernel, monkeypatch, bwd_path):
     require_kernel("bfloat16", 64)
     monkeypatch.setenv("FLASHCUTE_BACKWARD_PATH", bwd_path)
     g = torch.Generator(device="cuda").manual_seed(30)
-    if bwd_path == "sm80" or not _sm90_bwd_takes(torch, Case(2, 113, 2, 1, 1, 64), "bfloat16"):
+    if bwd_path == "sm80" or not sm90_bwd_why_not(64, "bfloat16"):
         packed = torch.randn(2, 113, 3, 1, 64, device="cuda", generator=g).to(torch.bfloat16)
         q, k, v = packed[:, :, 0], packed[:, :2, 1], packed[:, :2, 2]
         dout = torch.randn(2, 113, 1, 64, device="cuda", generator=g).to(torch.bfloat16)
@@ -148,7 +139,7 @@ def test_rows_that_see_few_keys(torch, require_kernel, monkeypatch, bwd_path):
         dtype = rng.choice(["bfloat16", "float16"])
         if not flashcute.kernel_head_dim(d) or dtype not in flashcute.compiled_dtypes():
             continue
-        if bwd_path == "sm90" and _sm90_bwd_takes(torch, c, dtype):
+        if bwd_path == "sm90" and sm90_bwd_why_not(c.d, dtype):
             continue
         q, k, v, dout = _inputs(torch, c, dtype, seed=300 + i)
         leaves = [x.detach().requires_grad_() for x in (q, k, v)]
@@ -180,7 +171,7 @@ def test_flash_attn_bwd_writes_every_element(torch, require_kernel, case):
         assert torch.equal(a, b.grad)
 
 
-def test_deterministic_reaches_the_backward(torch, require_kernel, monkeypatch):
+def test_deterministic_reaches_the_backward(torch, sm90_bwd_why_not, require_kernel, monkeypatch):
     """flash_attn_func's deterministic is the one autograd's backward launch gets, and on a 9.0
     device with the sm90 backward that launch runs it either way (the default path)."""
     require_kernel("bfloat16", 64)
@@ -192,7 +183,7 @@ def test_deterministic_reaches_the_backward(torch, require_kernel, monkeypatch):
     monkeypatch.setattr(_torch._C, "bwd", lambda *args: (seen.append(args[11]), launch(*args))[1])
     c = Case(1, 100, 100, 2, 2, 64, causal=True)
     q, k, v, dout = _inputs(torch, c, "bfloat16", seed=21)
-    sm90 = not _sm90_bwd_takes(torch, c, "bfloat16")
+    sm90 = not sm90_bwd_why_not(c.d, "bfloat16")
     for deterministic in (False, True):
         leaves = [x.detach().requires_grad_() for x in (q, k, v)]
         flashcute.flash_attn_func(*leaves, causal=True, deterministic=deterministic).backward(dout)
@@ -203,12 +194,12 @@ def test_deterministic_reaches_the_backward(torch, require_kernel, monkeypatch):
 
 
 @pytest.mark.parametrize("bwd_path", ["sm80", "sm90"])
-def test_deterministic_bits(torch, require_kernel, monkeypatch, bwd_path):
+def test_deterministic_bits(torch, sm90_bwd_why_not, require_kernel, monkeypatch, bwd_path):
     """Five runs, the same bits (a GQA causal case where the sm90 backward's dQ adds from 8 key
     blocks would land in any order without deterministic=True)."""
     require_kernel("bfloat16", 128)
     case = Case(2, 1000, 1000, 16, 2, 128, causal=True)
-    if bwd_path == "sm90" and (why := _sm90_bwd_takes(torch, case, "bfloat16")):
+    if bwd_path == "sm90" and (why := sm90_bwd_why_not(case.d, "bfloat16")):
         pytest.skip(why)
     monkeypatch.setenv("FLASHCUTE_BACKWARD_PATH", bwd_path)
     q, k, v, dout = _inputs(torch, case, "bfloat16", seed=3)

@@ -91,15 +91,6 @@ def same_kernels_as_varlen(monkeypatch):
     monkeypatch.setenv("FLASHCUTE_BACKWARD_PATH", "sm80")
 
 
-def _sm90_bwd_takes(torch, d: int, dtype: str) -> str:
-    """'' when the sm90 backward takes head dim d on this GPU and build, else why not."""
-    if torch.cuda.get_device_capability() != (9, 0):
-        return f"the sm90 backward runs on compute capability 9.0 only, this GPU is {torch.cuda.get_device_capability()}"
-    if not any(k[:3] == ("sm90", "bwd", dtype) and k[3] >= d for k in flashcute.compiled_kernels()):
-        return f"this build has no sm90 backward kernel for {dtype} head dim {d}"
-    return ""
-
-
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_forward_per_sequence(torch, require_kernel, case, dtype, same_kernels_as_varlen):
@@ -132,13 +123,14 @@ def test_forward_per_sequence(torch, require_kernel, case, dtype, same_kernels_a
 @pytest.mark.parametrize("bwd_path", ["sm80", "sm90"])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_backward_per_sequence(torch, require_kernel, monkeypatch, case, dtype, bwd_path, same_kernels_as_varlen):
+def test_backward_per_sequence(torch, sm90_bwd_why_not, require_kernel, monkeypatch, case, dtype, bwd_path,
+                               same_kernels_as_varlen):
     """Each sequence's gradients by the rule, and bit for bit those of the sequence alone through
     flash_attn_func on the same backward path. On the sm90 path both calls are deterministic (its
     dQ adds otherwise land in any order): a sequence's padding rows, which the sm90 kernels read
     from the next sequence, must add exact zeros."""
     require_kernel(dtype, case.d)
-    if bwd_path == "sm90" and (why := _sm90_bwd_takes(torch, case.d, dtype)):
+    if bwd_path == "sm90" and (why := sm90_bwd_why_not(case.d, dtype)):
         pytest.skip(why)
     monkeypatch.setenv("FLASHCUTE_BACKWARD_PATH", bwd_path)
     det = dict(deterministic=bwd_path == "sm90")
