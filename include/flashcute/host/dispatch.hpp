@@ -169,6 +169,14 @@ inline bool device_is_sm90(int device = -1) {
          device_attribute<cudaDevAttrComputeCapabilityMinor>(device) == 0;
 }
 
+namespace detail {
+// The sm90 backward's kernel head dim for head_dim and dtype where it may run on `device`, else 0.
+inline int sm90_bwd_head_dim_on(int head_dim, DType dtype, int device) {
+  const int hd = head_dim > 0 ? kernel_head_dim(head_dim, dtype, Direction::kBwd, Arch::kSm90) : 0;
+  return hd > 0 && device_is_sm90(device) ? hd : 0;
+}
+}  // namespace detail
+
 // The float32 workspace a fixed-length backward call needs for the fastest path it may take on
 // `device` (-1: the current one): the sm80 backward's, or, where the sm90 backward may take it (a
 // kernel for this head dim and dtype in the build, a compute capability 9.0 device), the larger
@@ -177,18 +185,16 @@ inline bool device_is_sm90(int device = -1) {
 inline int64_t bwd_workspace_floats(int64_t batch, int64_t nheads, int64_t seqlen_q, int head_dim, DType dtype,
                                     int device = -1) {
   const int64_t sm80 = bwd_workspace_floats(batch, nheads, seqlen_q);
-  const int hd = head_dim > 0 ? kernel_head_dim(head_dim, dtype, Direction::kBwd, Arch::kSm90) : 0;
-  if (hd == 0 || !device_is_sm90(device)) return sm80;
-  return std::max(sm80, sm90::bwd_workspace_floats(batch, nheads, seqlen_q, hd));
+  const int hd = detail::sm90_bwd_head_dim_on(head_dim, dtype, device);
+  return hd == 0 ? sm80 : std::max(sm80, sm90::bwd_workspace_floats(batch, nheads, seqlen_q, hd));
 }
 // The same for a varlen batch of `batch` sequences and total_q queries: the sm80 backward's
 // bwd_workspace_floats(1, nheads, total_q), or the larger sm90::bwd_varlen_workspace_floats.
 inline int64_t bwd_varlen_workspace_floats(int64_t batch, int64_t nheads, int64_t total_q, int head_dim, DType dtype,
                                            int device = -1) {
   const int64_t sm80 = bwd_workspace_floats(1, nheads, total_q);
-  const int hd = head_dim > 0 ? kernel_head_dim(head_dim, dtype, Direction::kBwd, Arch::kSm90) : 0;
-  if (hd == 0 || !device_is_sm90(device)) return sm80;
-  return std::max(sm80, sm90::bwd_varlen_workspace_floats(batch, nheads, total_q, hd));
+  const int hd = detail::sm90_bwd_head_dim_on(head_dim, dtype, device);
+  return hd == 0 ? sm80 : std::max(sm80, sm90::bwd_varlen_workspace_floats(batch, nheads, total_q, hd));
 }
 
 // The kernel family the last forward launch of this process ran on (sm80 before any): a
