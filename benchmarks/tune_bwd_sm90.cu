@@ -24,7 +24,7 @@ using flashcute::sm90::BwdConfig;
 
 template <BwdConfig kCfg>
 void run_one(const BwdProblem& b) {
-  using Traits = flashcute::sm90::BwdTraits<DType::kBFloat16, kCfg>;
+  using Traits = flashcute::sm90::BwdTraitsFor<DType::kBFloat16, kCfg>;
   const BwdParams& p = b.p;
   CHECK_CUDA(cudaMemset(b.dq, 0xff, b.n * sizeof(Element)));  // NaN: an unwritten element shows
   const float total = median_ms([&] {

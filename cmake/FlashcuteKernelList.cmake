@@ -51,7 +51,7 @@ set(_flashcute_sm90_archs 90a)  # wgmma and setmaxnreg: compute capability 9.0 o
 set(_flashcute_sm90_long_head_dims 64)
 # Head dims with an sm90 backward (sm90::default_bwd_config in include/flashcute/sm90/config.hpp);
 # the others' backward runs on the sm80 kernels.
-set(_flashcute_sm90_bwd_head_dims 64 128)
+set(_flashcute_sm90_bwd_head_dims 64 128 192 256)
 
 foreach(d IN LISTS FLASHCUTE_HEAD_DIM_LIST)
   if(NOT d IN_LIST FLASHCUTE_CATALOG_HEAD_DIMS)

@@ -76,8 +76,10 @@ TEST(PlanBwd, Sm90WorkspaceIsPaddedRowsTimesHeadDimPlusTwo) {
   EXPECT_EQ(flashcute::sm90::bwd_padded_rows(128), 128);
   EXPECT_EQ(flashcute::sm90::bwd_padded_rows(129), 256);
   // Whole query blocks of every config in the tile table.
-  for (int hd : {64, 128})
+  for (int hd : {64, 128, 192, 256}) {
+    ASSERT_TRUE(flashcute::sm90::has_bwd_config(hd)) << hd;
     EXPECT_EQ(flashcute::sm90::bwd_padded_rows(1) % flashcute::sm90::default_bwd_config(hd).block_m, 0) << hd;
+  }
   EXPECT_EQ(flashcute::sm90::bwd_workspace_floats(2, 8, 100, 128), 2 * 8 * 128 * 130 + 2 * 8 * 2);  // + add counts
   EXPECT_EQ(flashcute::sm90::bwd_workspace_floats(0, 8, 100, 64), 0);
 }

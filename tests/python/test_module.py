@@ -121,7 +121,7 @@ def test_compiled_kernels_are_the_list_the_build_made():
     if "90a" in _build_option("FLASHCUTE_CUDA_ARCHS"):  # the Hopper kernels, built for sm_90a only
         expected += [("sm90", "fwd", dt, d) for dt in dtypes for d in dims]
         if "bwd" in directions:  # the Hopper backward, for the head dims with a config (sm90/config.hpp)
-            expected += [("sm90", "bwd", dt, d) for dt in dtypes for d in dims if d in (64, 128)]
+            expected += [("sm90", "bwd", dt, d) for dt in dtypes for d in dims if d in (64, 128, 192, 256)]
     assert sorted(kernels) == sorted(expected)
     assert flashcute.compiled_kernels() == kernels
     assert sorted({k[3] for k in kernels}) == _C.compiled_head_dims()

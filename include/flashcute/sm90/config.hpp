@@ -146,23 +146,33 @@ constexpr bool use_long_tiles(int64_t seqlen_q, int64_t seqlen_k, int64_t heads_
   return sms <= 0 || units >= 2 * int64_t(sms);
 }
 
-// The backward (traits_bwd.hpp): a CTA owns block_n keys of one (batch, KV head), 64 per MMA
-// warpgroup, and walks the block_m-row query blocks that see them.
+// The backward (traits_bwd.hpp): a CTA owns block_n keys of one (batch, KV head) and walks the
+// block_m-row query blocks that see them. Up to d 128 each MMA warpgroup owns 64 of the keys; above
+// (split_d), dK and dV do not fit in registers that way, and each warpgroup owns head_dim /
+// mma_wgs columns of dK, dV and dQ for all the keys, and block_n / mma_wgs keys of S and dP.
 struct BwdConfig {
   int head_dim;     // columns of every tile in shared memory
   int block_m;      // query rows per step (the N of S^T, the K of dV and dK)
-  int block_n;      // keys per CTA: 64 per MMA warpgroup
+  int block_n;      // keys per CTA
   int stages = 2;   // Q and dO buffers each: the producer runs this far ahead
   int producer_regs = 24;
   int mma_regs = 240;
-  constexpr int mma_warpgroups() const { return block_n / 64; }
+  bool split_d = false;  // the MMA warpgroups split dK, dV and dQ by head-dim columns
+  int mma_wgs = 2;       // MMA warpgroups: block_n / 64 unless split_d
+  constexpr int mma_warpgroups() const { return mma_wgs; }
   constexpr int num_threads() const { return 128 * (mma_warpgroups() + 1); }
 };
 
-// The tile table of the sm90 backward; head_dim 0: none for this head dim.
+// The tile table of the sm90 backward; head_dim 0: none for this head dim. d 192 and 256 take
+// FlashAttention-3's 64-row steps with dK and dV split by columns: three warpgroups of 64 columns
+// at d 192 (96 keys), two of 128 at d 256 (64 keys, so that two Q and dO stages fit).
 constexpr BwdConfig default_bwd_config(int head_dim) {
   if (head_dim == 64) return {64, 128, 128};
   if (head_dim == 128) return {128, 64, 128};
+  if (head_dim == 192)
+    return {.head_dim = 192, .block_m = 64, .block_n = 96, .producer_regs = 32, .mma_regs = 160, .split_d = true,
+            .mma_wgs = 3};
+  if (head_dim == 256) return {.head_dim = 256, .block_m = 64, .block_n = 64, .split_d = true};
   return {0, 0, 0};
 }
 constexpr bool has_bwd_config(int head_dim) { return default_bwd_config(head_dim).head_dim == head_dim; }

@@ -6,7 +6,8 @@
 //    its block's dQ add count).
 // 2. bwd_kernel: one CTA per (key block, KV head, batch), warp-specialised: warpgroup 0's first
 //    thread loads (BwdMainloop::load) and its second warp adds each step's dQ into the accumulator
-//    (write_dq), warpgroups 1-2 compute (BwdMainloop::mma) and store dK, dV.
+//    (write_dq), warpgroups 1-2 compute (BwdMainloop::mma) and store dK, dV. At d 192 and 256 the
+//    MMA warpgroups (BwdMainloopSplitD::mma, two or three) add dQ themselves.
 // 3. bwd_postprocess_kernel: dQ = softmax_scale * accumulator, from the fragment order the main
 //    kernel adds it in, converted and stored through shared memory.
 #pragma once
@@ -19,6 +20,7 @@
 #include "flashcute/common/mask.hpp"
 #include "flashcute/common/params.hpp"
 #include "flashcute/sm90/mainloop_bwd.hpp"
+#include "flashcute/sm90/mainloop_bwd_split.hpp"
 #include "flashcute/sm90/traits_bwd.hpp"
 
 namespace flashcute::sm90 {
@@ -81,7 +83,7 @@ __global__ void __launch_bounds__(256) bwd_preprocess_kernel(const BwdParams p, 
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(__grid_constant__ const BwdKernelParams<Traits> kp) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Mainloop = BwdMainloop<Traits>;
+  using Mainloop = std::conditional_t<Traits::kSplitD, BwdMainloopSplitD<Traits>, BwdMainloop<Traits>>;
   static_assert(Traits::kNThreads == 128 * (1 + Traits::kMmaWarpgroups), "one producer warpgroup");
   extern __shared__ __align__(1024) char smem_buf[];
   auto& storage = *reinterpret_cast<typename Traits::SharedStorage*>(smem_buf);
@@ -102,9 +104,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(__grid_consta
     // Warp 0 loads (one thread), warp 1 writes dQ; the others have nothing to do.
     cutlass::arch::warpgroup_reg_dealloc<Traits::kConfig.producer_regs>();
     const int warp = cutlass::canonical_warp_idx_sync();
-    if (warp == 1) {
-      const BwdTile tile = this_tile();
-      mainloop.write_dq(tile, tile.seq.mask(p));
+    if constexpr (!Traits::kSplitD) {  // split_d: the MMA warps add dQ themselves
+      if (warp == 1) {
+        const BwdTile tile = this_tile();
+        mainloop.write_dq(tile, tile.seq.mask(p));
+      }
     }
     if (warp != 0 || !cute::elect_one_sync()) return;
     mainloop.load(this_tile());

@@ -82,7 +82,7 @@ Status launch_bwd_with(const BwdParams& params, cudaStream_t stream) {
 template <DType kDType, int kHeadDim>
 Status launch_bwd(const BwdParams& params, cudaStream_t stream) {
   static_assert(has_bwd_config(kHeadDim), "no sm90 backward config for this head dim (traits_bwd.hpp)");
-  return launch_bwd_with<BwdTraits<kDType, default_bwd_config(kHeadDim)>>(params, stream);
+  return launch_bwd_with<BwdTraitsFor<kDType, default_bwd_config(kHeadDim)>>(params, stream);
 }
 
 }  // namespace flashcute::sm90

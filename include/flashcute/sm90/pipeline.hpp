@@ -29,6 +29,7 @@ struct NamedBarriers {
   static constexpr uint32_t kBwdDqFull = 1;
   static constexpr uint32_t kBwdDqEmpty = 3;
   static constexpr uint32_t kBwdEpilogue = 5;  // + MMA warpgroup 0/1: its dK and dV staged (128 threads)
+  static constexpr uint32_t kBwdDqTurn = 7;    // split_d, deterministic: the MMA threads around a dQ add
 };
 
 // A position in a ring of kStages buffers, counted in loads from zero: buffer count % kStages,

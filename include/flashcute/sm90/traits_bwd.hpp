@@ -26,12 +26,14 @@ namespace flashcute::sm90 {
 
 template <DType kDType, BwdConfig kCfg>
 struct BwdTraits {
+  static_assert(!kCfg.split_d && kCfg.mma_wgs == kCfg.block_n / 64, "64 keys a warpgroup (split_d: BwdTraitsSplitD)");
   static_assert((kCfg.block_m == 64 || kCfg.block_m == 128) && kCfg.block_n == 128,
                 "64 or 128 query rows by 128 keys: the layouts below assume them");
   static_assert(128 % kCfg.block_m == 0, "bwd_padded_rows rounds to 128: whole query blocks");
   static_assert(kCfg.head_dim % 64 == 0, "head dims of whole 128-byte swizzle rows");
   using Element = typename ElementOf<kDType>::type;
   static constexpr BwdConfig kConfig = kCfg;
+  static constexpr bool kSplitD = false;
   static constexpr int kBlockM = kCfg.block_m;
   static constexpr int kBlockN = kCfg.block_n;
   static constexpr int kHeadDim = kCfg.head_dim;
@@ -130,6 +132,116 @@ struct BwdTraits {
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= 227 * 1024, "shared storage exceeds 227 KB");
 };
+
+// d 192 and 256 (BwdConfig::split_d): 64-row steps, dK and dV split by head-dim columns. Neither
+// S nor dP is transposed: warpgroup w computes keys [w kKeysWg, (w + 1) kKeysWg) of S = Q K^T and
+// dP = dO V^T; P and dS go to shared memory (keys contiguous, two buffers); then every warpgroup
+// computes its kColsWg columns of dV^T += dO^T P, dK^T += Q^T dS and dQ = dS K over all the keys.
+// No room is left for a dQ staging buffer: dQ is added into the accumulator from registers.
+template <DType kDType, BwdConfig kCfg>
+struct BwdTraitsSplitD {
+  static_assert(kCfg.split_d && kCfg.block_m == 64, "64-row steps");
+  static_assert(kCfg.head_dim % (64 * kCfg.mma_wgs) == 0, "each warpgroup a multiple of 64 head-dim columns");
+  static_assert(kCfg.block_n % (8 * kCfg.mma_wgs) == 0, "each warpgroup's keys one wgmma N");
+  using Element = typename ElementOf<kDType>::type;
+  static constexpr BwdConfig kConfig = kCfg;
+  static constexpr bool kSplitD = true;
+  static constexpr int kBlockM = kCfg.block_m;
+  static constexpr int kBlockN = kCfg.block_n;
+  static constexpr int kHeadDim = kCfg.head_dim;
+  static constexpr int kStages = kCfg.stages;
+  static constexpr int kMmaWarpgroups = kCfg.mma_warpgroups();
+  static constexpr int kNThreads = kCfg.num_threads();
+  static constexpr int kMmaThreads = 128 * kMmaWarpgroups;
+  static constexpr int kKeysWg = kBlockN / kMmaWarpgroups;   // keys of S and dP a warpgroup
+  static constexpr int kColsWg = kHeadDim / kMmaWarpgroups;  // columns of dK, dV, dQ a warpgroup
+
+  using BlkM = cute::Int<kBlockM>;
+  using BlkN = cute::Int<kBlockN>;
+  using HeadDim = cute::Int<kHeadDim>;
+  using Pipe = cute::Int<kStages>;
+  using Major = cute::GMMA::Major;
+  using AlongN = cute::Layout<cute::Shape<cute::_1, cute::Int<kMmaWarpgroups>, cute::_1>>;
+  using AlongM = cute::Layout<cute::Shape<cute::Int<kMmaWarpgroups>, cute::_1, cute::_1>>;
+
+  // S = Q K^T and dP = dO V^T: (BLK_M,BLK_N) over K = D, both operands K-major.
+  using TiledMmaSdP = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<Element, Element, float, cute::Shape<BlkM, cute::Int<kKeysWg>, HeadDim>>(),
+      AlongN{}));
+  // dV^T += dO^T P, dK^T += Q^T dS: (D,BLK_N) over K = BLK_M; A the (D,BLK_M) view of dO / Q and
+  // B the (BLK_N,BLK_M) view of P / dS, both contiguous along their first mode (MN-major). The
+  // warpgroups take 64-row atoms of D in turn (kColsWg / 64 each).
+  using TiledMmaKV = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<Element, Element, float, cute::Shape<cute::_64, BlkN, BlkM>, Major::MN,
+                                 Major::MN>(),
+      AlongM{}));
+  // dQ = dS K: (BLK_M,D) over K = BLK_N; dS keys-contiguous (K-major), the (D,BLK_N) view of K
+  // MN-major; warpgroup w computes columns [w kColsWg, (w + 1) kColsWg).
+  using TiledMmaDQ = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<Element, Element, float, cute::Shape<BlkM, cute::Int<kColsWg>, BlkN>, Major::K,
+                                 Major::MN>(),
+      AlongN{}));
+  static_assert(gmma_n<TiledMmaSdP> == kKeysWg && gmma_n<TiledMmaKV> == kBlockN && gmma_n<TiledMmaDQ> == kColsWg,
+                "a wgmma shape the backward needs has no atom: add it to sm90/wgmma_atoms.hpp");
+  // A step's dQ in the accumulator: one chunk a warpgroup in its fragment order, as BwdTraits.
+  static constexpr int kDqChunk = kBlockM * kHeadDim / kMmaWarpgroups;
+
+  using SmemAtomK = decltype(gmma_smem_atom<Element, Major::K, kHeadDim>());
+  using SmemLayoutQ = decltype(cute::tile_to_shape(SmemAtomK{}, cute::Shape<BlkM, HeadDim, Pipe>{}));
+  using SmemLayoutQt = decltype(cute::composition(
+      SmemLayoutQ{}, cute::make_layout(cute::Shape<HeadDim, BlkM, Pipe>{},
+                                       cute::Stride<BlkM, cute::_1, cute::Int<kBlockM * kHeadDim>>{})));
+  using SmemLayoutK = decltype(cute::tile_to_shape(SmemAtomK{}, cute::Shape<BlkN, HeadDim>{}));
+  using SmemLayoutKt = decltype(cute::composition(
+      SmemLayoutK{}, cute::make_layout(cute::Shape<HeadDim, BlkN>{}, cute::Stride<BlkN, cute::_1>{})));
+  // P and dS: (BLK_M,BLK_N,2), keys contiguous, two buffers (a step writes one while the other
+  // warpgroups may still read the last step's); also seen as (BLK_N,BLK_M,2).
+  using SmemLayoutPdS = decltype(cute::tile_to_shape(gmma_smem_atom<Element, Major::K, kBlockN>(),
+                                                     cute::Shape<BlkM, BlkN, cute::_2>{}));
+  using SmemLayoutPdSt = decltype(cute::composition(
+      SmemLayoutPdS{}, cute::make_layout(cute::Shape<BlkN, BlkM, cute::_2>{},
+                                         cute::Stride<BlkM, cute::_1, cute::Int<kBlockM * kBlockN>>{})));
+
+  // P and dS written from the accumulators by stmatrix; dK^T and dV^T into the K and V buffers
+  // by transposing stmatrix.
+  using SmemCopyAtomPdS = cute::Copy_Atom<cute::SM90_U32x4_STSM_N, Element>;
+  using SmemCopyAtomKV = cute::Copy_Atom<cute::SM90_U16x8_STSM_T, Element>;
+  static constexpr int kKVThreadsPerRow = kHeadDim / 8 % 16 == 0 ? 16 : 8;
+  using GmemTiledCopyKV = decltype(cute::make_tiled_copy(
+      cute::Copy_Atom<cute::UniversalCopy<cute::uint128_t>, Element>{},
+      cute::Layout<cute::Shape<cute::Int<128 / kKVThreadsPerRow>, cute::Int<kKVThreadsPerRow>>,
+                   cute::Stride<cute::Int<kKVThreadsPerRow>, cute::_1>>{},
+      cute::Layout<cute::Shape<cute::_1, cute::_8>>{}));
+
+  using ShapeQKV = cute::Shape<int32_t, int32_t, int32_t, int32_t>;
+  using StrideQKV = cute::Stride<int64_t, cute::_1, int64_t, int64_t>;
+  using Gmem = decltype(cute::make_tensor(cute::make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{},
+                                          StrideQKV{}));
+  using TmaQ = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, Gmem{}, cute::take<0, 2>(SmemLayoutQ{})));
+  using TmaK = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, Gmem{}, SmemLayoutK{}));
+  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kKBytes = kBlockN * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kRowBytes = kBlockM * sizeof(float);
+
+  struct SharedStorage {
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>, 1024> k;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>, 1024> v;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> q;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> dout;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutPdS>, 1024> p;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutPdS>, 1024> ds;
+    cute::array_aligned<float, kStages * kBlockM, 128> lse2;
+    cute::array_aligned<float, kStages * kBlockM, 128> dpsum;
+    PipelineBarriers<kStages> qdo_bar;
+    uint64_t kv_full;
+  };
+  static constexpr int kSmemBytes = int(sizeof(SharedStorage));
+  static_assert(kSmemBytes <= 227 * 1024, "shared storage exceeds 227 KB");
+};
+
+// The traits of a config: BwdTraitsSplitD where it splits by head-dim columns, else BwdTraits.
+template <DType kDType, BwdConfig kCfg>
+using BwdTraitsFor = std::conditional_t<kCfg.split_d, BwdTraitsSplitD<kDType, kCfg>, BwdTraits<kDType, kCfg>>;
 
 // What the main kernel receives: the plain params, the workspace's parts and the TMA descriptors.
 template <class Traits>
