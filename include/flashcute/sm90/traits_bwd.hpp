@@ -24,16 +24,14 @@
 
 namespace flashcute::sm90 {
 
+// What both designs derive alike from a config: the element type, the block sizes, the Q/dO and
+// K/V layouts with their transposed views, the TMA copies that fill them, and the 16-byte stores of
+// the dK/dV epilogue.
 template <DType kDType, BwdConfig kCfg>
-struct BwdTraits {
-  static_assert(!kCfg.split_d && kCfg.mma_wgs == kCfg.block_n / 64, "64 keys a warpgroup (split_d: BwdTraitsSplitD)");
-  static_assert((kCfg.block_m == 64 || kCfg.block_m == 128) && kCfg.block_n == 128,
-                "64 or 128 query rows by 128 keys: the layouts below assume them");
-  static_assert(128 % kCfg.block_m == 0, "bwd_padded_rows rounds to 128: whole query blocks");
+struct BwdTraitsBase {
   static_assert(kCfg.head_dim % 64 == 0, "head dims of whole 128-byte swizzle rows");
   using Element = typename ElementOf<kDType>::type;
   static constexpr BwdConfig kConfig = kCfg;
-  static constexpr bool kSplitD = false;
   static constexpr int kBlockM = kCfg.block_m;
   static constexpr int kBlockN = kCfg.block_n;
   static constexpr int kHeadDim = kCfg.head_dim;
@@ -41,12 +39,75 @@ struct BwdTraits {
   static constexpr int kMmaWarpgroups = kCfg.mma_warpgroups();
   static constexpr int kNThreads = kCfg.num_threads();
   static constexpr int kMmaThreads = 128 * kMmaWarpgroups;
+  // A step's dQ, fp32, one contiguous chunk a warpgroup in its fragment order (value pair p of
+  // the warpgroup's thread t at 2 (p 128 + t)): added so into the global accumulator, read so by
+  // the postprocess.
+  static constexpr int kDqChunk = kBlockM * kHeadDim / kMmaWarpgroups;
 
   using BlkM = cute::Int<kBlockM>;
   using BlkN = cute::Int<kBlockN>;
   using HeadDim = cute::Int<kHeadDim>;
   using Pipe = cute::Int<kStages>;
   using Major = cute::GMMA::Major;
+
+  // Q and dO: (BLK_M,D,PIPE), K and V: (BLK_N,D); each also seen transposed, (D,BLK_M,PIPE) and
+  // (D,BLK_N), as the operand of the GEMMs that reduce over its rows (the same bytes).
+  using SmemAtomK = decltype(gmma_smem_atom<Element, Major::K, kHeadDim>());
+  using SmemLayoutQ = decltype(cute::tile_to_shape(SmemAtomK{}, cute::Shape<BlkM, HeadDim, Pipe>{}));
+  using SmemLayoutQt = decltype(cute::composition(
+      SmemLayoutQ{}, cute::make_layout(cute::Shape<HeadDim, BlkM, Pipe>{},
+                                       cute::Stride<BlkM, cute::_1, cute::Int<kBlockM * kHeadDim>>{})));
+  using SmemLayoutK = decltype(cute::tile_to_shape(SmemAtomK{}, cute::Shape<BlkN, HeadDim>{}));
+  using SmemLayoutKt = decltype(cute::composition(
+      SmemLayoutK{}, cute::make_layout(cute::Shape<HeadDim, BlkN>{}, cute::Stride<BlkN, cute::_1>{})));
+
+  // The epilogue's global stores: rows of dK and dV read back from shared memory, 16 bytes a
+  // thread, kKVThreadsPerRow threads a row.
+  static constexpr int kKVThreadsPerRow = kHeadDim / 8 % 16 == 0 ? 16 : 8;
+  using GmemTiledCopyKV = decltype(cute::make_tiled_copy(
+      cute::Copy_Atom<cute::UniversalCopy<cute::uint128_t>, Element>{},
+      cute::Layout<cute::Shape<cute::Int<128 / kKVThreadsPerRow>, cute::Int<kKVThreadsPerRow>>,
+                   cute::Stride<cute::Int<kKVThreadsPerRow>, cute::_1>>{},
+      cute::Layout<cute::Shape<cute::_1, cute::_8>>{}));
+
+  // Global tensors as the TMA descriptors see them: (seqlen, d, head, batch).
+  using ShapeQKV = cute::Shape<int32_t, int32_t, int32_t, int32_t>;
+  using StrideQKV = cute::Stride<int64_t, cute::_1, int64_t, int64_t>;
+  using Gmem = decltype(cute::make_tensor(cute::make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{},
+                                          StrideQKV{}));
+  using TmaQ = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, Gmem{}, cute::take<0, 2>(SmemLayoutQ{})));
+  using TmaK = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, Gmem{}, SmemLayoutK{}));
+  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kKBytes = kBlockN * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kRowBytes = kBlockM * sizeof(float);  // a step's lse or D
+};
+
+// The names a design's traits use from BwdTraitsBase (a dependent base, which unqualified lookup
+// does not search).
+#define FLASHCUTE_BWD_TRAITS_BASE_NAMES(Base) \
+  using typename Base::Element;               \
+  using typename Base::BlkM;                  \
+  using typename Base::BlkN;                  \
+  using typename Base::HeadDim;               \
+  using typename Base::Pipe;                  \
+  using typename Base::Major;                 \
+  using typename Base::SmemLayoutQ;           \
+  using typename Base::SmemLayoutK;           \
+  using Base::kBlockM;                        \
+  using Base::kBlockN;                        \
+  using Base::kHeadDim;                       \
+  using Base::kStages;                        \
+  using Base::kMmaWarpgroups
+
+template <DType kDType, BwdConfig kCfg>
+struct BwdTraits : BwdTraitsBase<kDType, kCfg> {
+  static_assert(!kCfg.split_d && kCfg.mma_wgs == kCfg.block_n / 64, "64 keys a warpgroup (split_d: BwdTraitsSplitD)");
+  static_assert((kCfg.block_m == 64 || kCfg.block_m == 128) && kCfg.block_n == 128,
+                "64 or 128 query rows by 128 keys: the layouts below assume them");
+  static_assert(128 % kCfg.block_m == 0, "bwd_padded_rows rounds to 128: whole query blocks");
+  using Base = BwdTraitsBase<kDType, kCfg>;
+  FLASHCUTE_BWD_TRAITS_BASE_NAMES(Base);
+  static constexpr bool kSplitD = false;
 
   // S^T = K Q^T and dP^T = V dO^T: (BLK_N,BLK_M) over K = D, both operands K-major; warpgroup w
   // computes keys [64 w, 64 w + 64).
@@ -70,21 +131,6 @@ struct BwdTraits {
                          cute::Layout<cute::Shape<cute::_1, cute::Int<kMmaWarpgroups>, cute::_1>>>{}));
   static_assert(gmma_n<TiledMmaSdP> == kBlockM && gmma_n<TiledMmaKV> == kHeadDim && gmma_n<TiledMmaDQ> == kDqN,
                 "a wgmma shape the backward needs has no atom: add it to sm90/wgmma_atoms.hpp");
-  // A step's dQ, fp32, one contiguous chunk a warpgroup in its fragment order (value pair p of
-  // the warpgroup's thread t at 2 (p 128 + t)): staged so in shared memory, added so into the
-  // global accumulator, read so by the postprocess.
-  static constexpr int kDqChunk = kBlockM * kHeadDim / kMmaWarpgroups;
-
-  // Q and dO: (BLK_M,D,PIPE), K and V: (BLK_N,D); each also seen transposed, (D,BLK_M,PIPE) and
-  // (D,BLK_N), as the B operand of the GEMMs that reduce over its rows (the same bytes).
-  using SmemAtomK = decltype(gmma_smem_atom<Element, Major::K, kHeadDim>());
-  using SmemLayoutQ = decltype(cute::tile_to_shape(SmemAtomK{}, cute::Shape<BlkM, HeadDim, Pipe>{}));
-  using SmemLayoutQt = decltype(cute::composition(
-      SmemLayoutQ{}, cute::make_layout(cute::Shape<HeadDim, BlkM, Pipe>{},
-                                       cute::Stride<BlkM, cute::_1, cute::Int<kBlockM * kHeadDim>>{})));
-  using SmemLayoutK = decltype(cute::tile_to_shape(SmemAtomK{}, cute::Shape<BlkN, HeadDim>{}));
-  using SmemLayoutKt = decltype(cute::composition(
-      SmemLayoutK{}, cute::make_layout(cute::Shape<HeadDim, BlkN>{}, cute::Stride<BlkN, cute::_1>{})));
   // dS: (BLK_M,BLK_N,2), queries contiguous, two buffers (one step's dQ reads one while the next
   // step writes the other); written through its (BLK_N,BLK_M,2) view from the dS^T accumulators.
   using SmemLayoutDS = decltype(cute::tile_to_shape(gmma_smem_atom<Element, Major::MN, kBlockM>(),
@@ -94,25 +140,8 @@ struct BwdTraits {
                                         cute::Stride<BlkM, cute::_1, cute::Int<kBlockM * kBlockN>>{})));
 
   // The epilogue: dK and dV staged in the K and V buffers by stmatrix, each warpgroup's 64 rows
-  // read back and stored 16 bytes a thread, kKVThreadsPerRow threads a row.
+  // read back and stored (GmemTiledCopyKV).
   using SmemCopyAtomKV = cute::Copy_Atom<cute::SM90_U32x4_STSM_N, Element>;
-  static constexpr int kKVThreadsPerRow = kHeadDim / 8 % 16 == 0 ? 16 : 8;
-  using GmemTiledCopyKV = decltype(cute::make_tiled_copy(
-      cute::Copy_Atom<cute::UniversalCopy<cute::uint128_t>, Element>{},
-      cute::Layout<cute::Shape<cute::Int<128 / kKVThreadsPerRow>, cute::Int<kKVThreadsPerRow>>,
-                   cute::Stride<cute::Int<kKVThreadsPerRow>, cute::_1>>{},
-      cute::Layout<cute::Shape<cute::_1, cute::_8>>{}));
-
-  // Global tensors as the TMA descriptors see them: (seqlen, d, head, batch).
-  using ShapeQKV = cute::Shape<int32_t, int32_t, int32_t, int32_t>;
-  using StrideQKV = cute::Stride<int64_t, cute::_1, int64_t, int64_t>;
-  using Gmem = decltype(cute::make_tensor(cute::make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{},
-                                          StrideQKV{}));
-  using TmaQ = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, Gmem{}, cute::take<0, 2>(SmemLayoutQ{})));
-  using TmaK = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, Gmem{}, SmemLayoutK{}));
-  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
-  static constexpr uint32_t kKBytes = kBlockN * kHeadDim * sizeof(Element);
-  static constexpr uint32_t kRowBytes = kBlockM * sizeof(float);  // a step's lse or D
 
   struct SharedStorage {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>, 1024> k;
@@ -139,28 +168,16 @@ struct BwdTraits {
 // computes its kColsWg columns of dV^T += dO^T P, dK^T += Q^T dS and dQ = dS K over all the keys.
 // No room is left for a dQ staging buffer: dQ is added into the accumulator from registers.
 template <DType kDType, BwdConfig kCfg>
-struct BwdTraitsSplitD {
+struct BwdTraitsSplitD : BwdTraitsBase<kDType, kCfg> {
   static_assert(kCfg.split_d && kCfg.block_m == 64, "64-row steps");
   static_assert(kCfg.head_dim % (64 * kCfg.mma_wgs) == 0, "each warpgroup a multiple of 64 head-dim columns");
   static_assert(kCfg.block_n % (8 * kCfg.mma_wgs) == 0, "each warpgroup's keys one wgmma N");
-  using Element = typename ElementOf<kDType>::type;
-  static constexpr BwdConfig kConfig = kCfg;
+  using Base = BwdTraitsBase<kDType, kCfg>;
+  FLASHCUTE_BWD_TRAITS_BASE_NAMES(Base);
   static constexpr bool kSplitD = true;
-  static constexpr int kBlockM = kCfg.block_m;
-  static constexpr int kBlockN = kCfg.block_n;
-  static constexpr int kHeadDim = kCfg.head_dim;
-  static constexpr int kStages = kCfg.stages;
-  static constexpr int kMmaWarpgroups = kCfg.mma_warpgroups();
-  static constexpr int kNThreads = kCfg.num_threads();
-  static constexpr int kMmaThreads = 128 * kMmaWarpgroups;
   static constexpr int kKeysWg = kBlockN / kMmaWarpgroups;   // keys of S and dP a warpgroup
   static constexpr int kColsWg = kHeadDim / kMmaWarpgroups;  // columns of dK, dV, dQ a warpgroup
 
-  using BlkM = cute::Int<kBlockM>;
-  using BlkN = cute::Int<kBlockN>;
-  using HeadDim = cute::Int<kHeadDim>;
-  using Pipe = cute::Int<kStages>;
-  using Major = cute::GMMA::Major;
   using AlongN = cute::Layout<cute::Shape<cute::_1, cute::Int<kMmaWarpgroups>, cute::_1>>;
   using AlongM = cute::Layout<cute::Shape<cute::Int<kMmaWarpgroups>, cute::_1, cute::_1>>;
 
@@ -183,17 +200,6 @@ struct BwdTraitsSplitD {
       AlongN{}));
   static_assert(gmma_n<TiledMmaSdP> == kKeysWg && gmma_n<TiledMmaKV> == kBlockN && gmma_n<TiledMmaDQ> == kColsWg,
                 "a wgmma shape the backward needs has no atom: add it to sm90/wgmma_atoms.hpp");
-  // A step's dQ in the accumulator: one chunk a warpgroup in its fragment order, as BwdTraits.
-  static constexpr int kDqChunk = kBlockM * kHeadDim / kMmaWarpgroups;
-
-  using SmemAtomK = decltype(gmma_smem_atom<Element, Major::K, kHeadDim>());
-  using SmemLayoutQ = decltype(cute::tile_to_shape(SmemAtomK{}, cute::Shape<BlkM, HeadDim, Pipe>{}));
-  using SmemLayoutQt = decltype(cute::composition(
-      SmemLayoutQ{}, cute::make_layout(cute::Shape<HeadDim, BlkM, Pipe>{},
-                                       cute::Stride<BlkM, cute::_1, cute::Int<kBlockM * kHeadDim>>{})));
-  using SmemLayoutK = decltype(cute::tile_to_shape(SmemAtomK{}, cute::Shape<BlkN, HeadDim>{}));
-  using SmemLayoutKt = decltype(cute::composition(
-      SmemLayoutK{}, cute::make_layout(cute::Shape<HeadDim, BlkN>{}, cute::Stride<BlkN, cute::_1>{})));
   // P and dS: (BLK_M,BLK_N,2), keys contiguous, two buffers (a step writes one while the other
   // warpgroups may still read the last step's); also seen as (BLK_N,BLK_M,2).
   using SmemLayoutPdS = decltype(cute::tile_to_shape(gmma_smem_atom<Element, Major::K, kBlockN>(),
@@ -206,22 +212,6 @@ struct BwdTraitsSplitD {
   // by transposing stmatrix.
   using SmemCopyAtomPdS = cute::Copy_Atom<cute::SM90_U32x4_STSM_N, Element>;
   using SmemCopyAtomKV = cute::Copy_Atom<cute::SM90_U16x8_STSM_T, Element>;
-  static constexpr int kKVThreadsPerRow = kHeadDim / 8 % 16 == 0 ? 16 : 8;
-  using GmemTiledCopyKV = decltype(cute::make_tiled_copy(
-      cute::Copy_Atom<cute::UniversalCopy<cute::uint128_t>, Element>{},
-      cute::Layout<cute::Shape<cute::Int<128 / kKVThreadsPerRow>, cute::Int<kKVThreadsPerRow>>,
-                   cute::Stride<cute::Int<kKVThreadsPerRow>, cute::_1>>{},
-      cute::Layout<cute::Shape<cute::_1, cute::_8>>{}));
-
-  using ShapeQKV = cute::Shape<int32_t, int32_t, int32_t, int32_t>;
-  using StrideQKV = cute::Stride<int64_t, cute::_1, int64_t, int64_t>;
-  using Gmem = decltype(cute::make_tensor(cute::make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{},
-                                          StrideQKV{}));
-  using TmaQ = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, Gmem{}, cute::take<0, 2>(SmemLayoutQ{})));
-  using TmaK = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, Gmem{}, SmemLayoutK{}));
-  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
-  static constexpr uint32_t kKBytes = kBlockN * kHeadDim * sizeof(Element);
-  static constexpr uint32_t kRowBytes = kBlockM * sizeof(float);
 
   struct SharedStorage {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>, 1024> k;
@@ -238,6 +228,8 @@ struct BwdTraitsSplitD {
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= 227 * 1024, "shared storage exceeds 227 KB");
 };
+
+#undef FLASHCUTE_BWD_TRAITS_BASE_NAMES
 
 // The traits of a config: BwdTraitsSplitD where it splits by head-dim columns, else BwdTraits.
 template <DType kDType, BwdConfig kCfg>
