@@ -43,11 +43,16 @@ void run_one(const BwdProblem& b) {
     flashcute::sm90::bwd_postprocess_kernel<Traits>
         <<<dim3(padded / Traits::kBlockM, p.nheads, p.batch), Traits::kMmaThreads>>>(p, dq_accum, padded);
   });
+  // deterministic=True: the same call with its dQ adds in turn.
+  BwdParams pd = p;
+  pd.deterministic = true;
+  const float det = median_ms([&] { (void)flashcute::sm90::launch_bwd_with<Traits>(pd, nullptr); });
   // The postprocess alone rewrote dq from a zeroed accumulator: run the whole backward again.
   (void)flashcute::sm90::launch_bwd_with<Traits>(p, nullptr);
-  std::printf("  cfg(M=%3d N=%3d stages=%d)  %7.3f ms %6.1f TFLOP/s = pre %.3f + main %.3f + post %.3f ms",
+  std::printf("  cfg(M=%3d N=%3d stages=%d)  %7.3f ms %6.1f TFLOP/s = pre %.3f + main %.3f + post %.3f ms; "
+              "deterministic %.3f ms (%.2fx)",
               kCfg.block_m, kCfg.block_n, kCfg.stages, total, 2.5 * b.flops / total * 1e-9, pre, total - pre - post,
-              post);
+              post, det, total / det);
   b.print_diffs();
 }
 
@@ -61,6 +66,7 @@ void sweep(int seqlen, bool causal) {
 }
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // each line out at once, even into a pipe that a timeout cuts
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
     std::fprintf(stderr, "tune_bwd_sm90: no CUDA device\n");
