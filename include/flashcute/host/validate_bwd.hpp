@@ -51,26 +51,6 @@ struct BwdPlan {
   KernelKey sm90_kernel{};
 };
 
-// Why the sm90 backward cannot take a call with these params, or nullptr when it can: TMA must
-// read q, k, v and dout (sm90_tma_can_read), dq, dk and dv are stored 16 bytes a row at a time, a
-// fixed-length or varlen batch (no KV cache) with at least one query and one key, and the grid's y
-// (KV heads) and z (batch) dims below 2^16. (plan_bwd already asks 16-byte strides of every array.)
-inline const char* sm90_bwd_can_run(const BwdParams& p) {
-  const bool varlen = p.cu_seqlens_q != nullptr;
-  if (p.cache_seqlens != nullptr || p.block_table != nullptr || p.seqlen_new > 0) return "a KV-cache call";
-  if (p.seqlen_q < 1 || (varlen && p.total_q < 1)) return "no queries";
-  if (p.seqlen_k < 1 || (varlen && p.total_k < 1)) return "no keys";
-  if (p.nheads_k > 65535 || p.batch > 65535) return "2^16 KV heads or batch entries";
-  if (const char* why = sm90_tma_can_read(p)) return why;
-  for (int64_t s : {p.do_row_stride, p.do_head_stride, p.do_batch_stride, p.dq_row_stride, p.dq_head_stride,
-                    p.dq_batch_stride})
-    if (s < 0 || s % 8 != 0 || s >= (int64_t{1} << 38)) return "dout or dq: a stride that is not a multiple of 16 bytes";
-  for (int64_t s : {p.dk_row_stride, p.dk_head_stride, p.dk_batch_stride, p.dv_row_stride, p.dv_head_stride,
-                    p.dv_batch_stride})
-    if (s % 8 != 0) return "dk or dv: a stride that is not a multiple of 16 bytes (the kernel stores 16 bytes)";
-  return nullptr;
-}
-
 namespace detail {
 
 inline Status check_like(const char* name, const TensorRef& t, const TensorRef& ref, const char* ref_name) {

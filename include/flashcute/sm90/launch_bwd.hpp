@@ -3,7 +3,7 @@
 //
 // Defines sm90::launch_bwd<dtype, head dim>, which common/launch.hpp declares; a generated
 // translation unit, compiled for sm_90a only, instantiates one. Preconditions: what plan_bwd
-// guarantees, sm90_bwd_can_run(params) (host/validate_bwd.hpp), and params.dsum pointing at
+// guarantees, sm90_bwd_can_run(params) (host/sm90_rules.hpp), and params.dsum pointing at
 // bwd_workspace_floats(batch, nheads, seqlen_q, kHeadDim) floats (a varlen batch:
 // bwd_varlen_workspace_floats(batch, nheads, total_q, kHeadDim)), 16-byte aligned. Reads no
 // device memory on the host and enqueues only kernels: a launch can be captured into a CUDA graph.

@@ -5,7 +5,7 @@
 // descriptors are encoded here, on the host, from the params (cuTensorMapEncodeTiled, reached
 // through the runtime's driver entry point: nothing links libcuda), and travel to the kernel as
 // __grid_constant__ parameters. Encoding reads no device memory and enqueues nothing, so a launch
-// can be captured into a CUDA graph. host/validate_fwd.hpp (sm90_can_run) has checked what TMA
+// can be captured into a CUDA graph. host/sm90_rules.hpp (sm90_can_run) has checked what TMA
 // needs: 16-byte aligned bases and strides, no zero stride, at least one key.
 #pragma once
 
