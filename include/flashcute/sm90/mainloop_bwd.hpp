@@ -210,7 +210,6 @@ struct BwdMainloop {
     Tensor tSrV = thr_sdp.partition_fragment_A(sV);     // (MMA,MMA_N,MMA_K)
     Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);     // (MMA,MMA_M,MMA_K,PIPE)
     Tensor tSrdO = thr_sdp.partition_fragment_B(sdO);   // (MMA,MMA_M,MMA_K,PIPE)
-    Tensor tSsdSt = thr_sdp.partition_C(sdSt);          // (MMA,MMA_N,MMA_M,2): where this thread's dS^T goes
     Tensor acc_s = partition_fragment_C(mma_sdp, TileSt{});   // ((2,2,M/8),1,1) fp32: S^T, then P^T
     Tensor acc_dp = partition_fragment_C(mma_sdp, TileSt{});  // ((2,2,M/8),1,1) fp32: dP^T, then dS^T
     Tensor tScS = thr_sdp.partition_C(make_identity_tensor(TileSt{}));  // ((2,2,M/8),1,1) -> (key,query)
@@ -229,6 +228,12 @@ struct BwdMainloop {
     Tensor rdS = make_fragment_like<Element>(acc_dp);
     Tensor tKVrP = make_tensor(rP.data(), gmma_acc_to_a_layout(rP.layout()));     // A operand view
     Tensor tKVrdS = make_tensor(rdS.data(), gmma_acc_to_a_layout(rdS.layout()));
+    // dS^T into the queries-contiguous dS buffer by stmatrix: an accumulator row (a key) is a
+    // stmatrix row of 8 contiguous queries.
+    auto ds_copy = make_tiled_copy_C(typename Traits::SmemCopyAtomKV{}, mma_sdp);
+    auto ds_thr_copy = ds_copy.get_thread_slice(mma_tid);
+    Tensor tdSrdS = ds_thr_copy.retile_S(rdS);      // (CPY,CPY_N,CPY_M)
+    Tensor tdSsdS = ds_thr_copy.partition_D(sdSt);  // (CPY,CPY_N,CPY_M,2)
 
     typename Traits::TiledMmaDQ mma_dq;
     auto thr_dq = mma_dq.get_thread_slice(mma_tid);
@@ -292,9 +297,7 @@ struct BwdMainloop {
         convert_fragment_into(acc_dp, rdS);
         wgmma_gemm<false, true>(mma_kv, tKVrP, tKVrdOt(_, _, _, st.index()), acc_dv);
         // dS into shared memory (queries contiguous), for dQ = dS K, which needs both warpgroups' keys.
-        Tensor tSsdSt_buf = tSsdSt(_, _, _, ds_buf);  // (MMA,MMA_N,MMA_M)
-        CUTE_UNROLL
-        for (int i = 0; i < size(rdS); ++i) tSsdSt_buf(i) = rdS(i);
+        copy(ds_copy, tdSrdS, tdSsdS(_, _, _, ds_buf));
         cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by wgmma (async proxy)
         NamedBarrier::sync(Traits::kMmaThreads, NamedBarriers::kBwdDsReady);
         wgmma_gemm<true, false>(mma_dq, tQrdS(_, _, _, ds_buf), tQrKt, acc_dq);

@@ -139,8 +139,8 @@ struct BwdTraits : BwdTraitsBase<kDType, kCfg> {
       SmemLayoutDS{}, cute::make_layout(cute::Shape<BlkN, BlkM, cute::_2>{},
                                         cute::Stride<BlkM, cute::_1, cute::Int<kBlockM * kBlockN>>{})));
 
-  // The epilogue: dK and dV staged in the K and V buffers by stmatrix, each warpgroup's 64 rows
-  // read back and stored (GmemTiledCopyKV).
+  // dS^T into the dS buffer, and the epilogue's dK and dV into the K and V buffers, by stmatrix;
+  // each warpgroup's 64 rows of dK and dV are read back and stored (GmemTiledCopyKV).
   using SmemCopyAtomKV = cute::Copy_Atom<cute::SM90_U32x4_STSM_N, Element>;
 
   struct SharedStorage {
