@@ -157,7 +157,8 @@ TEST(Sm90Scheduler, TheTailEvensOutCausalRounds) {
 // The backward: key block n visits query block m (bwd_tile) exactly when n is one of m's key
 // blocks (KeyMask::key_blocks), and its dQ turn there counts the blocks before it (in the turn
 // order: descending with a right bound) that visit m, so the deterministic mode's turns are
-// 0, 1, 2, ... with no gap (a gap would hang the kernel).
+// 0, 1, 2, ... with no gap (a gap would hang the kernel), and the blocks are launched in that
+// order (a block waiting for one launched after it could hang the kernel too).
 template <int kM, int kN>
 void check_backward_tiles_and_dq_turns() {
   uint32_t state = 12345;
@@ -172,7 +173,7 @@ void check_backward_tiles_and_dq_turns() {
     const int n_blocks = (p.seqlen_k + kN - 1) / kN, m_blocks = (p.seqlen_q + kM - 1) / kM;
     const bool descending = p.window_right >= 0;
     for (int m = 0; m < m_blocks; ++m) {
-      int turn = 0;
+      int turn = 0, last_launched = -1;
       const auto kb = keys.key_blocks(m * kM, kM, p.seqlen_q, kN);
       for (int i = 0; i < n_blocks; ++i) {
         const int n = descending ? n_blocks - 1 - i : i;
@@ -183,6 +184,14 @@ void check_backward_tiles_and_dq_turns() {
             << " m " << m << " n " << n;
         if (visits) {
           EXPECT_EQ((flashcute::sm90::bwd_dq_turn<kM, kN>(keys, p.seqlen_q, n, m)), turn++);
+          // Deterministic calls launch the key blocks in turn order (bwd_n_block): a CTA waits
+          // only for CTAs launched before it.
+          p.deterministic = true;
+          const int launched = flashcute::sm90::bwd_n_block(p, n, n_blocks);  // the CTA's blockIdx.x
+          EXPECT_EQ(flashcute::sm90::bwd_n_block(p, launched, n_blocks), n);
+          EXPECT_GT(launched, last_launched) << "m " << m << " n " << n;
+          last_launched = launched;
+          p.deterministic = false;
         }
       }
     }

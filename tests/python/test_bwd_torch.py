@@ -214,6 +214,42 @@ def test_deterministic_bits(torch, sm90_bwd_why_not, require_kernel, monkeypatch
             assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("window", [(-1, 0), (200, 0)], ids=["causal", "window"])
+def test_deterministic_with_more_key_blocks_than_sms(torch, sm90_bwd_why_not, require_kernel, window):
+    """Deterministic causal and windowed calls whose key blocks (128 keys each at d 128) outnumber
+    the SMs: each block waits for the later ones' dQ adds, and while those were launched after it,
+    every resident CTA could wait for one not yet running and the call hung (H100, d 192, 16k).
+    Run in a child process with a timeout, so that a hang fails the test instead of the suite."""
+    import subprocess
+    import sys
+
+    require_kernel("bfloat16", 128)
+    if why := sm90_bwd_why_not(128, "bfloat16"):
+        pytest.skip(why)
+    seqlen = 128 * (torch.cuda.get_device_properties(0).multi_processor_count + 8)
+    code = f"""
+import torch, flashcute
+from flashcute.testing import check_gradients
+g = torch.Generator(device="cuda").manual_seed(5)
+q, k, v, dout = (torch.randn(1, {seqlen}, 1, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
+kw = dict(window_size={window})
+out, lse = flashcute.flash_attn_func(q, k, v, return_lse=True, **kw)
+first = flashcute.flash_attn_bwd(dout, q, k, v, out, lse, deterministic=True, **kw)
+assert flashcute.last_backward_path() == "sm90", flashcute.last_backward_path()
+again = flashcute.flash_attn_bwd(dout, q, k, v, out, lse, deterministic=True, **kw)
+torch.cuda.synchronize()
+assert all(torch.equal(a, b) for a, b in zip(first, again)), "deterministic=True gave different bits"
+check = check_gradients(first, dout, q, k, v, **kw)
+assert check.ok, check.message
+print("ok")
+"""
+    try:
+        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the deterministic backward at seqlen {seqlen}, window {window} did not finish in 240 s")
+    assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stdout + run.stderr
+
+
 def test_compile_forward_and_backward(torch, require_kernel):
     require_kernel("bfloat16", 64)
     torch._dynamo.reset()

@@ -90,11 +90,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(__grid_consta
   const BwdParams& p = kp.params;
   // Each role derives the tile after its register reconfiguration: held across it, a varlen
   // entry's fields would be spilled for the 24-register producer warps.
+  const int n_block = bwd_n_block(p, int(blockIdx.x), int(gridDim.x));
   auto this_tile = [&] {
-    return bwd_tile<Traits::kBlockM, Traits::kBlockN>(p, int(blockIdx.x), int(blockIdx.y), int(blockIdx.z),
-                                                      kp.padded_rows);
+    return bwd_tile<Traits::kBlockM, Traits::kBlockN>(p, n_block, int(blockIdx.y), int(blockIdx.z), kp.padded_rows);
   };
-  if (int(blockIdx.x) * Traits::kBlockN >= BwdBatch(p, int(blockIdx.z), kp.padded_rows).seqlen_k)
+  if (n_block * Traits::kBlockN >= BwdBatch(p, int(blockIdx.z), kp.padded_rows).seqlen_k)
     return;  // varlen: past this entry's keys
   if (threadIdx.x == 0) Mainloop::init_barriers(storage);
   cutlass::arch::fence_barrier_init();

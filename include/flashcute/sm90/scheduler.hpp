@@ -339,6 +339,15 @@ CUTE_HOST_DEVICE BwdTile bwd_tile(const BwdParams& p, int n_block, int head_k, i
   return t;
 }
 
+// The key block of the CTA at blockIdx.x in a grid of `blocks`. A deterministic call's CTAs wait
+// for the key blocks before them in bwd_dq_turn's order, so they are launched in that order: key
+// block 0 first, or with a right bound the last first. A CTA then only waits for CTAs launched
+// before it, which run or have run: otherwise, when a (batch, KV head)'s key blocks outnumber the
+// CTAs the GPU holds at once, the resident ones could all wait for one that is not and hang.
+CUTE_HOST_DEVICE int bwd_n_block(const BwdParams& p, int block, int blocks) {
+  return p.deterministic && p.window_right >= 0 ? blocks - 1 - block : block;
+}
+
 // Deterministic dQ: the key blocks that add into query block m take turns, and this is key block
 // n_block's (0 for the first). They are KeyMask::key_blocks(m), the blocks whose bwd_tile holds m
 // (the host tests check that the two agree), in the order they reach m: with a right bound
