@@ -311,9 +311,8 @@ struct BwdMainloop {
         cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by the bulk reduce
         NamedBarrier::arrive(kDqThreads, NamedBarriers::kBwdDqFull + wg);
         warpgroup_wait<0>();  // dK is done: the step's Q and dO are free
-        // This thread's reads of the stage's lse and D (generic proxy) are ordered before the bulk
-        // copy (async proxy) that refills it once the producer sees every thread's release.
-        cutlass::arch::fence_view_async_shared();
+        // The stage's lse and D were last read before the dS stores' proxy fence, which orders
+        // those generic-proxy reads before the bulk copy that refills the stage after this release.
         qdo_pipe.consumer_release_thread(st);
       }
     }

@@ -167,7 +167,7 @@ struct BwdMainloopSplitD : BwdMainloop<Traits> {
         warpgroup_wait<1>();  // dV and dQ are done; dK runs on meanwhile
         add_dq(acc_dq, rows, m, bwd_dq_turn<kBlockM, kBlockN>(keys, tile.seq.seqlen_q, tile.n_block, m), mma_tid);
         warpgroup_wait<0>();  // dK is done: the step's Q and dO are free
-        cutlass::arch::fence_view_async_shared();  // the stage's lse and D reads before its refill
+        // (the P and dS stores' proxy fence ordered the stage's lse and D reads before its refill)
         qdo_pipe.consumer_release_thread(st);
       }
     }
