@@ -88,8 +88,7 @@ struct TileSchedule {
   // multiply-high where a division is a chain of some twenty dependent instructions, which the
   // consumers run at every tile boundary; read from the parameters, it costs d 256 one more
   // spilled value, reloaded at tile boundaries only (measured at d 256, docs/perf-notes.md).
-  CUTE_HOST_DEVICE static Tile unit_tile(unsigned u, unsigned j, unsigned m_blocks, unsigned unit_m,
-                                         FastDivmod div_unit_m) {
+  CUTE_HOST_DEVICE static Tile unit_tile(unsigned u, unsigned j, unsigned m_blocks, FastDivmod div_unit_m) {
     Tile tile;
     int hb, p;
     div_unit_m(hb, p, int(u));
@@ -194,9 +193,8 @@ struct TileScheduler {
     if (walk.in_tail(tile.u) || ++tile.j == (walk.pair_tiles ? 2u : 1u)) tile.j = 0, tile.u += ctas;
   }
   CUTE_HOST_DEVICE WorkTile at(unsigned u, unsigned j) const {
-    const TileSchedule::Tile w = walk.in_tail(u) ? walk.tail_at(u, cta)
-                                                 : TileSchedule::unit_tile(walk.unit_at(u), j, m_blocks, unit_m,
-                                                                           walk.div_unit_m);
+    const TileSchedule::Tile w =
+        walk.in_tail(u) ? walk.tail_at(u, cta) : TileSchedule::unit_tile(walk.unit_at(u), j, m_blocks, walk.div_unit_m);
     WorkTile tile;
     tile.u = u, tile.j = j;
     tile.valid = w.valid;
