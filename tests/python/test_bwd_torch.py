@@ -220,6 +220,7 @@ def test_deterministic_with_more_key_blocks_than_sms(torch, sm90_bwd_why_not, re
     the SMs: each block waits for the later ones' dQ adds, and while those were launched after it,
     every resident CTA could wait for one not yet running and the call hung (H100, d 192, 16k).
     Run in a child process with a timeout, so that a hang fails the test instead of the suite."""
+    import os
     import subprocess
     import sys
 
@@ -244,7 +245,8 @@ assert check.ok, check.message
 print("ok")
 """
     try:
-        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
+        env = {k: v for k, v in os.environ.items() if k != "FLASHCUTE_BACKWARD_PATH"}  # the default path
+        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240, env=env)
     except subprocess.TimeoutExpired:
         pytest.fail(f"the deterministic backward at seqlen {seqlen}, window {window} did not finish in 240 s")
     assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stdout + run.stderr
