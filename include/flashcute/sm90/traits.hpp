@@ -36,6 +36,22 @@ constexpr auto qk_op() {
 template <class TiledMma>
 constexpr int gmma_n = cute::size<1>(typename TiledMma::AtomShape_MNK{});
 
+// Rows of kCols 2-byte elements copied 16 bytes a thread by a warpgroup (128 threads), as many
+// threads a row as divide its 16-byte chunks (16, 8 or 4): the epilogues' stores of a tile read
+// back from shared memory.
+template <class Element, int kCols>
+constexpr int gmem_row_threads() {
+  constexpr int kChunks = kCols / 8;
+  return kChunks % 16 == 0 ? 16 : (kChunks % 8 == 0 ? 8 : 4);
+}
+template <class Element, int kCols>
+using GmemRowCopy = decltype(cute::make_tiled_copy(
+    cute::Copy_Atom<cute::UniversalCopy<cute::uint128_t>, Element>{},
+    cute::Layout<cute::Shape<cute::Int<128 / gmem_row_threads<Element, kCols>()>,
+                             cute::Int<gmem_row_threads<Element, kCols>()>>,
+                 cute::Stride<cute::Int<gmem_row_threads<Element, kCols>()>, cute::_1>>{},
+    cute::Layout<cute::Shape<cute::_1, cute::_8>>{}));
+
 // The widest GMMA swizzle atom that tiles a (rows, cols) tile: 128 B rows where the contiguous
 // extent allows, else 64 B or 32 B. kMajor says which extent is contiguous (K: cols; MN: rows).
 template <class Element, cute::GMMA::Major kMajor, int kContiguous>
@@ -102,17 +118,11 @@ struct FwdTraits {
 
   // O staged for the epilogue (config o_smem): (BLK_M,D), consumer warpgroup w owning rows
   // [64 w, 64 w + 64). Written by stmatrix from the P V accumulators' layout, read back 16 bytes
-  // a thread, rows of kOThreadsPerRow threads, and stored to global memory the same way.
+  // a thread (GmemRowCopy), and stored to global memory the same way.
   using SmemLayoutO = decltype(cute::tile_to_shape(gmma_smem_atom<Element, cute::GMMA::Major::K, kHeadDim>(),
                                                    cute::Shape<BlkM, HeadDim>{}));  // (BLK_M,D)
   using SmemCopyAtomO = cute::Copy_Atom<cute::SM90_U32x4_STSM_N, Element>;
-  static constexpr int kOChunksPerRow = kHeadDim / 8;
-  static constexpr int kOThreadsPerRow = kOChunksPerRow % 16 == 0 ? 16 : (kOChunksPerRow % 8 == 0 ? 8 : 4);
-  using GmemTiledCopyO = decltype(cute::make_tiled_copy(
-      cute::Copy_Atom<cute::UniversalCopy<cute::uint128_t>, Element>{},
-      cute::Layout<cute::Shape<cute::Int<128 / kOThreadsPerRow>, cute::Int<kOThreadsPerRow>>,
-                   cute::Stride<cute::Int<kOThreadsPerRow>, cute::_1>>{},
-      cute::Layout<cute::Shape<cute::_1, cute::_8>>{}));
+  using GmemTiledCopyO = GmemRowCopy<Element, kHeadDim>;
 
   // Global tensors as the TMA descriptors see them: (seqlen, d, head, batch) for Q and K,
   // (d, seqlen, head, batch) for V (the transposed view of the same memory).

@@ -61,14 +61,8 @@ struct BwdTraitsBase {
   using SmemLayoutKt = decltype(cute::composition(
       SmemLayoutK{}, cute::make_layout(cute::Shape<HeadDim, BlkN>{}, cute::Stride<BlkN, cute::_1>{})));
 
-  // The epilogue's global stores: rows of dK and dV read back from shared memory, 16 bytes a
-  // thread, kKVThreadsPerRow threads a row.
-  static constexpr int kKVThreadsPerRow = kHeadDim / 8 % 16 == 0 ? 16 : 8;
-  using GmemTiledCopyKV = decltype(cute::make_tiled_copy(
-      cute::Copy_Atom<cute::UniversalCopy<cute::uint128_t>, Element>{},
-      cute::Layout<cute::Shape<cute::Int<128 / kKVThreadsPerRow>, cute::Int<kKVThreadsPerRow>>,
-                   cute::Stride<cute::Int<kKVThreadsPerRow>, cute::_1>>{},
-      cute::Layout<cute::Shape<cute::_1, cute::_8>>{}));
+  // The epilogue's global stores: rows of dK and dV read back from shared memory.
+  using GmemTiledCopyKV = GmemRowCopy<Element, kHeadDim>;
 
   // Global tensors as the TMA descriptors see them: (seqlen, d, head, batch).
   using ShapeQKV = cute::Shape<int32_t, int32_t, int32_t, int32_t>;
