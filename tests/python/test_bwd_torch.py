@@ -68,6 +68,9 @@ CASES = [
     Case(1, 300, 300, 4, 4, 40, causal=True),  # padded to kernel head dim 64
     Case(1, 100, 170, 2, 2, 136, window=(50, 50)),  # padded to 192
     Case(1, 1100, 1100, 2, 1, 256, causal=True, window=(300, -1)),
+    # Every row sees at most 64 keys (the exact D, common/dsum.hpp): a block's keys span two tiles.
+    Case(2, 150, 140, 4, 2, 128, window=(20, 20), softcap=10.0),
+    Case(1, 200, 200, 2, 2, 256, window=(10, 50)),
 ]
 
 

@@ -6,13 +6,18 @@
 // row sees many keys, O is an average and that shift is small next to the gradients' own rounding;
 // where it sees a few, it is not: bf16, seqlen_q 113, seqlen_k 2, causal, window (16, 100) gave dQ
 // and dK about 5x the naive bf16 error (issue 30). Rows that see at most kExactDsumKeys keys
-// therefore take D = sum_j P_ij (dO_i . v_j), recomputed in fp32 from q, k, v and the lse.
+// therefore take D = sum_j P_ij (dO_i . v_j), recomputed in fp32 from q, k, v and the lse, on
+// tensor cores for the block of rows that holds them (ExactDsum).
 #pragma once
 
 #include <climits>
+#include <type_traits>
 
+#include <cute/atom/copy_atom.hpp>
+#include <cute/atom/mma_atom.hpp>
 #include <cute/tensor.hpp>
 
+#include "flashcute/common/fragment.hpp"
 #include "flashcute/common/params.hpp"
 
 namespace flashcute {
@@ -20,18 +25,6 @@ namespace flashcute {
 // Rows that see this many keys or fewer get the exact D (docs/perf-notes.md, "Backward: D"
 // gives the error and the cost behind 64).
 constexpr int kExactDsumKeys = 64;
-
-// A row's inputs: row pointers, key-0 pointers of its KV head, and its visible keys.
-template <class Element>
-struct DsumRow {
-  const Element* q;     // query row
-  const Element* dout;  // its dO row
-  const Element* o;     // its O row
-  const Element* k;     // key 0 of the row's KV head
-  const Element* v;
-  int64_t k_row_stride, v_row_stride;
-  int key_begin, key_end;  // visible keys [key_begin, key_end), clamped
-};
 
 // Sum over the kGroup lanes (aligned, consecutive) that share a row; every lane of the warp calls it.
 template <int kGroup>
@@ -73,40 +66,169 @@ struct RowChunks {
   }
 };
 
-// D of this lane's row, lane `part` of the kGroup lanes that share it; every lane of the warp
-// calls it together (rows >= seqlen_q with valid = false), so that the warp stays converged: the
-// exact rows' key loop runs over the union of the warp's exact rows' keys, each row adding only
-// its own.
-// P comes from the forward's lse (natural log units); lse = -inf (no key) gives 0.
+// dO . O of this lane's row, lane `part` of the kGroup lanes that share it (head_dim 0: 0).
 template <int kGroup, int kMaxHeadDim, class Element>
-CUTE_DEVICE float row_dsum(const DsumRow<Element>& r, bool valid, const FwdParams& p, float lse, int head_dim,
-                           int part) {
-  constexpr float kLog2e = 1.4426950408889634f;
-  const bool exact = valid && r.key_end - r.key_begin <= kExactDsumKeys;
+CUTE_DEVICE float row_dot(const Element* o, const Element* dout, int head_dim, int part) {
   RowChunks<kGroup, kMaxHeadDim> a, b;
-  a.load(r.o, valid && !exact ? head_dim : 0, part);
-  b.load(r.dout, valid ? head_dim : 0, part);
-  float d = group_sum<kGroup>(a.template dot<Element>(b));
-  const int first = __reduce_min_sync(0xffffffffu, exact ? r.key_begin : INT_MAX);
-  const int last = __reduce_max_sync(0xffffffffu, exact ? r.key_end : INT_MIN);
-  if (first >= last) return d;
-  const bool softcap = p.softcap > 0.f;
-  const float exp_scale = (softcap ? p.softcap : p.softmax_scale) * kLog2e;
-  const float prescale = softcap ? p.softmax_scale / p.softcap : 0.f;
-  const float lse2 = lse * kLog2e;
-  a.load(r.q, exact ? head_dim : 0, part);
-  float exact_d = 0.f;
-  for (int j = first; j < last; ++j) {
-    const bool mine = exact && j >= r.key_begin && j < r.key_end && lse != -INFINITY;
-    RowChunks<kGroup, kMaxHeadDim> k, v;
-    k.load(r.k + j * r.k_row_stride, mine ? head_dim : 0, part);
-    v.load(r.v + j * r.v_row_stride, mine ? head_dim : 0, part);
-    float s = group_sum<kGroup>(a.template dot<Element>(k));
-    const float dp = group_sum<kGroup>(b.template dot<Element>(v));
-    if (softcap) s = tanhf(s * prescale);
-    if (mine) exact_d += exp2f(s * exp_scale - lse2) * dp;
-  }
-  return exact ? exact_d : d;
+  a.load(o, head_dim, part);
+  b.load(dout, head_dim, part);
+  return group_sum<kGroup>(a.template dot<Element>(b));
 }
+
+// D of a block's 64 query rows where they see at most kExactDsumKeys keys, on tensor cores
+// (m16n8k16, fp32 accumulators): S = Q K^T and dP = dO V^T over the union of those rows' keys, 64
+// keys and 32 head-dim columns a round, then D_i = sum_j P_ij dP_ij with P from the lse.
+// 256 threads; warps (4, 2) over (rows, keys): 16 rows and two 16-key slices of each 64 keys.
+template <class Element>
+struct ExactDsum {
+  static constexpr int kRows = 64, kKeys = 64, kCols = 32, kThreads = 256;
+  using MmaOp = std::conditional_t<std::is_same_v<Element, cutlass::bfloat16_t>, cute::SM80_16x8x16_F32BF16BF16F32_TN,
+                                   cute::SM80_16x8x16_F32F16F16F32_TN>;
+  using TiledMma = cute::TiledMMA<cute::MMA_Atom<MmaOp>, cute::Layout<cute::Shape<cute::_4, cute::_2, cute::_1>>,
+                                  cute::Tile<cute::_64, cute::_32, cute::_16>>;
+  // (64, 32) tiles of 64-byte rows, swizzled so that ldmatrix is conflict-free.
+  using SmemLayout = decltype(cute::tile_to_shape(
+      cute::composition(cute::Swizzle<2, 3, 3>{}, cute::Layout<cute::Shape<cute::_8, cute::_32>, cute::Stride<cute::_32, cute::_1>>{}),
+      cute::Shape<cute::_64, cute::_32>{}));
+  using LdsmAtom = cute::Copy_Atom<cute::SM75_U32x4_LDSM_N, Element>;
+
+  struct Storage {
+    cute::array_aligned<Element, kRows * kCols> q, dout, k, v;  // this round's (64, 32) tiles
+    float partial[2][kRows];                                    // each key slice's row sums
+    // Filled by the caller before run(): each row's exact keys (an empty range if it takes dO . O
+    // or has no key) and its lse in log2 units.
+    int key_begin[kRows], key_end[kRows];
+    float lse2[kRows];
+  };
+
+  // The block's inputs: row 0 of its queries and dO, key 0 of its KV head.
+  struct Args {
+    const Element *q, *dout, *k, *v;
+    int64_t q_row_stride, do_row_stride, k_row_stride, v_row_stride;
+    int rows;  // query rows of the block that exist (the others read zeros)
+    int head_dim;
+  };
+
+  // Every thread of the block calls it, with the Storage's row fields filled; then row_d(i) is row
+  // i's D (0 where its range is empty).
+  CUTE_DEVICE static void run(const Args& a, const FwdParams& p, Storage& s) {
+    using namespace cute;
+    constexpr float kLog2e = 1.4426950408889634f;
+    const int tid = int(threadIdx.x);
+    __syncthreads();  // the row fields
+    // The union of the rows' key ranges; each warp computes it (two rows a lane).
+    const int lane = tid % 32;
+    int first = INT_MAX, last = INT_MIN;
+    for (int i = lane; i < kRows; i += 32) {
+      if (s.key_begin[i] < s.key_end[i]) {
+        first = cute::min(first, s.key_begin[i]);
+        last = cute::max(last, s.key_end[i]);
+      }
+    }
+    first = __reduce_min_sync(0xffffffffu, first);
+    last = __reduce_max_sync(0xffffffffu, last);
+
+    Tensor sQ = make_tensor(make_smem_ptr(s.q.data()), SmemLayout{});      // (64 rows, 32 cols)
+    Tensor sdO = make_tensor(make_smem_ptr(s.dout.data()), SmemLayout{});  // (64 rows, 32 cols)
+    Tensor sK = make_tensor(make_smem_ptr(s.k.data()), SmemLayout{});      // (64 keys, 32 cols)
+    Tensor sV = make_tensor(make_smem_ptr(s.v.data()), SmemLayout{});      // (64 keys, 32 cols)
+    TiledMma mma;
+    auto thr_mma = mma.get_slice(tid);
+    Tensor tSrQ = thr_mma.partition_fragment_A(sQ);    // (MMA,MMA_M,MMA_K)
+    Tensor tSrdO = thr_mma.partition_fragment_A(sdO);  // (MMA,MMA_M,MMA_K)
+    Tensor tSrK = thr_mma.partition_fragment_B(sK);    // (MMA,MMA_N,MMA_K)
+    Tensor tSrV = thr_mma.partition_fragment_B(sV);    // (MMA,MMA_N,MMA_K)
+    auto copy_a = make_tiled_copy_A(LdsmAtom{}, mma);
+    auto copy_b = make_tiled_copy_B(LdsmAtom{}, mma);
+    auto ldsm_a = copy_a.get_slice(tid);
+    auto ldsm_b = copy_b.get_slice(tid);
+    Tensor tXsQ = ldsm_a.partition_S(sQ);  // (CPY,CPY_M,CPY_K)
+    Tensor tXrQ = ldsm_a.retile_D(tSrQ);
+    Tensor tXsdO = ldsm_a.partition_S(sdO);
+    Tensor tXrdO = ldsm_a.retile_D(tSrdO);
+    Tensor tXsK = ldsm_b.partition_S(sK);  // (CPY,CPY_N,CPY_K)
+    Tensor tXrK = ldsm_b.retile_D(tSrK);
+    Tensor tXsV = ldsm_b.partition_S(sV);
+    Tensor tXrV = ldsm_b.retile_D(tSrV);
+    // (row, key) of each accumulator element: ((2,MMA_M),(2,MMA_N)).
+    Tensor tScS = rowcol_view(thr_mma.partition_C(make_identity_tensor(Shape<Int<kRows>, Int<kKeys>>{})));
+    static_assert(decltype(size<0>(tScS))::value == 2, "two rows a thread");
+    int kb[2], ke[2];
+    float lse2[2], dsum[2] = {0.f, 0.f};
+    CUTE_UNROLL
+    for (int i = 0; i < 2; ++i) {
+      const int row = get<0>(tScS(i, 0));
+      kb[i] = s.key_begin[row];
+      ke[i] = s.key_end[row];
+      lse2[i] = s.lse2[row];
+    }
+    const bool softcap = p.softcap > 0.f;
+    const float exp_scale = (softcap ? p.softcap : p.softmax_scale) * kLog2e;
+    const float prescale = softcap ? p.softmax_scale / p.softcap : 0.f;
+
+    // This thread's 16 bytes of each (64, 32) tile: row r, columns c..c+7.
+    const int r = tid / 4, c = (tid % 4) * 8;
+    auto load = [&](const Element* base, int64_t stride, bool ok) {
+      return ok ? *reinterpret_cast<const uint4*>(base + int64_t(r) * stride) : make_uint4(0, 0, 0, 0);
+    };
+    for (int n0 = first; n0 < last; n0 += kKeys) {
+      Tensor accS = partition_fragment_C(mma, Shape<Int<kRows>, Int<kKeys>>{});   // (MMA,MMA_M,MMA_N)
+      Tensor accdP = partition_fragment_C(mma, Shape<Int<kRows>, Int<kKeys>>{});  // (MMA,MMA_M,MMA_N)
+      clear(accS);
+      clear(accdP);
+      const bool q_ok = r < a.rows, k_ok = n0 + r < last;
+      const Element* k_row = a.k + int64_t(n0) * a.k_row_stride;
+      const Element* v_row = a.v + int64_t(n0) * a.v_row_stride;
+      uint4 rq = load(a.q + c, a.q_row_stride, q_ok && c < a.head_dim);
+      uint4 rdo = load(a.dout + c, a.do_row_stride, q_ok && c < a.head_dim);
+      uint4 rk = load(k_row + c, a.k_row_stride, k_ok && c < a.head_dim);
+      uint4 rv = load(v_row + c, a.v_row_stride, k_ok && c < a.head_dim);
+      for (int c0 = 0; c0 < a.head_dim; c0 += kCols) {
+        __syncthreads();  // the last round's ldmatrix reads are done
+        *reinterpret_cast<uint4*>(&sQ(r, c)) = rq;
+        *reinterpret_cast<uint4*>(&sdO(r, c)) = rdo;
+        *reinterpret_cast<uint4*>(&sK(r, c)) = rk;
+        *reinterpret_cast<uint4*>(&sV(r, c)) = rv;
+        __syncthreads();
+        // The next round's loads fly while this round's MMAs run.
+        const int cn = c0 + kCols + c;
+        rq = load(a.q + cn, a.q_row_stride, q_ok && cn < a.head_dim);
+        rdo = load(a.dout + cn, a.do_row_stride, q_ok && cn < a.head_dim);
+        rk = load(k_row + cn, a.k_row_stride, k_ok && cn < a.head_dim);
+        rv = load(v_row + cn, a.v_row_stride, k_ok && cn < a.head_dim);
+        copy(copy_a, tXsQ, tXrQ);
+        copy(copy_b, tXsK, tXrK);
+        copy(copy_a, tXsdO, tXrdO);
+        copy(copy_b, tXsV, tXrV);
+        gemm(mma, tSrQ, tSrK, accS);
+        gemm(mma, tSrdO, tSrV, accdP);
+      }
+      Tensor s_rc = rowcol_view(accS);    // ((2,MMA_M),(2,MMA_N))
+      Tensor dp_rc = rowcol_view(accdP);  // ((2,MMA_M),(2,MMA_N))
+      CUTE_UNROLL
+      for (int i = 0; i < 2; ++i) {
+        CUTE_UNROLL
+        for (int j = 0; j < size<1>(s_rc); ++j) {
+          const int key = n0 + get<1>(tScS(i, j));
+          float x = s_rc(i, j);
+          if (softcap) x = tanhf(x * prescale);
+          const float pr = exp2f(x * exp_scale - lse2[i]);
+          if (key >= kb[i] && key < ke[i]) dsum[i] += pr * dp_rc(i, j);
+        }
+      }
+    }
+    // The quad's sum of each row, then one value per (key slice, row): a fixed order, the same bits
+    // every run.
+    CUTE_UNROLL
+    for (int i = 0; i < 2; ++i) {
+      dsum[i] += __shfl_xor_sync(0xffffffffu, dsum[i], 1);
+      dsum[i] += __shfl_xor_sync(0xffffffffu, dsum[i], 2);
+      if (lane % 4 == 0) s.partial[tid / 128][get<0>(tScS(i, 0))] = dsum[i];  // warps (4, 2): slice = warp / 4
+    }
+    __syncthreads();
+  }
+
+  CUTE_DEVICE static float row_d(const Storage& s, int i) { return s.partial[0][i] + s.partial[1][i]; }
+};
 
 }  // namespace flashcute

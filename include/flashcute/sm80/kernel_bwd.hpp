@@ -100,34 +100,58 @@ CUTE_DEVICE void store_acc(Acc& acc, float scale, TiledMma const& tiled_mma, Sme
 
 }  // namespace bwd_detail
 
-// D for every (batch, head, query row): eight threads a row, 32 rows a CTA; D = rowsum(dO * O),
-// or exact where the row sees few keys (common/dsum.hpp). Grid (ceil(seqlen_q / 32), nheads, batch),
+// D for every (batch, head, query row): four threads a row, 64 rows a CTA; D = rowsum(dO * O),
+// or exact where the row sees few keys (common/dsum.hpp). Grid (ceil(seqlen_q / 64), nheads, batch),
 // 256 threads.
 template <class Element>
 __global__ void __launch_bounds__(256) bwd_dsum_kernel(__grid_constant__ const BwdParams params) {
-  constexpr int kGroup = 8;
+  constexpr int kGroup = 4;
   const int head = blockIdx.y;
   const int batch = blockIdx.z;
-  const int row = int(blockIdx.x) * (256 / kGroup) + int(threadIdx.x) / kGroup;
-  const int part = int(threadIdx.x) % kGroup;
+  const int m0 = int(blockIdx.x) * 64;
+  const int i = int(threadIdx.x) / kGroup, part = int(threadIdx.x) % kGroup;
+  const int row = m0 + i;
   const BwdSeqlen seq(params, batch);
-  const bool valid = row < seq.seqlen_q;  // the others join row_dsum's warp-wide steps only
+  const bool valid = row < seq.seqlen_q;  // the others join the block-wide steps only
   const int r = valid ? row : 0;
   // 16-byte loads: the row and head strides are multiples of 8 elements (plan_bwd).
   const int head_k = head / (params.nheads / params.nheads_k);
   const KeyMask mask{seq.seqlen_k, seq.seqlen_k - seq.seqlen_q, params.window_left, params.window_right};
-  const DsumRow<Element> rd{
-      static_cast<Element const*>(params.q) + seq.q_offset + head * params.q_head_stride + r * params.q_row_stride,
-      static_cast<Element const*>(params.dout) + seq.do_offset + head * params.do_head_stride + r * params.do_row_stride,
-      static_cast<Element const*>(params.o) + seq.o_offset + head * params.o_head_stride + r * params.o_row_stride,
-      static_cast<Element const*>(params.k) + seq.k_offset + head_k * params.k_head_stride,
-      static_cast<Element const*>(params.v) + seq.v_offset + head_k * params.v_head_stride,
-      params.k_row_stride,
-      params.v_row_stride,
-      cute::max(0, mask.key_begin(r)),
-      mask.key_end(r)};
+  const int key_begin = cute::max(0, mask.key_begin(r)), key_end = cute::max(key_begin, mask.key_end(r));
+  const bool exact = valid && key_end - key_begin <= kExactDsumKeys;
   const float lse = valid ? params.lse[seq.lse_offset + head * params.lse_head_stride + row] : -INFINITY;
-  const float d = row_dsum<kGroup, 256>(rd, valid, params, lse, params.head_dim, part);
+  auto q_at = [&](int q_row) {
+    return static_cast<Element const*>(params.q) + seq.q_offset + head * params.q_head_stride + q_row * params.q_row_stride;
+  };
+  auto do_at = [&](int q_row) {
+    return static_cast<Element const*>(params.dout) + seq.do_offset + head * params.do_head_stride +
+           q_row * params.do_row_stride;
+  };
+  float d = row_dot<kGroup, 256>(
+      static_cast<Element const*>(params.o) + seq.o_offset + head * params.o_head_stride + r * params.o_row_stride,
+      do_at(r), valid && !exact ? params.head_dim : 0, part);
+  using Exact = ExactDsum<Element>;
+  __shared__ typename Exact::Storage exact_smem;
+  if (__syncthreads_or(exact)) {
+    if (part == 0) {
+      exact_smem.key_begin[i] = key_begin;
+      exact_smem.key_end[i] = exact && lse != -INFINITY ? key_end : key_begin;
+      exact_smem.lse2[i] = lse * 1.4426950408889634f;
+    }
+    const typename Exact::Args args{
+        q_at(m0),
+        do_at(m0),
+        static_cast<Element const*>(params.k) + seq.k_offset + head_k * params.k_head_stride,
+        static_cast<Element const*>(params.v) + seq.v_offset + head_k * params.v_head_stride,
+        params.q_row_stride,
+        params.do_row_stride,
+        params.k_row_stride,
+        params.v_row_stride,
+        seq.seqlen_q - m0,
+        params.head_dim};
+    Exact::run(args, params, exact_smem);
+    if (exact) d = Exact::row_d(exact_smem, i);
+  }
   if (!valid) return;
   if (part == 0) params.dsum[seq.dsum_offset + int64_t(head) * seq.dsum_head_stride + row] = d;
 }

@@ -44,7 +44,7 @@ template <class Traits>
 Status launch_bwd_with(const BwdParams& params, cudaStream_t stream) {
   using Element = typename Traits::Element;
   if (params.seqlen_q > 0) {
-    const dim3 grid((params.seqlen_q + 31) / 32, params.nheads, params.batch);
+    const dim3 grid((params.seqlen_q + 63) / 64, params.nheads, params.batch);
     bwd_dsum_kernel<Element><<<grid, 256, 0, stream>>>(params);
     FLASHCUTE_CUDA_CHECK(cudaGetLastError());
   }

@@ -32,28 +32,46 @@ CUTE_DEVICE void bwd_preprocess_block(const BwdParams& p, const BwdBatch& seq, f
   constexpr int kGroup = 4;
   const int m0 = int(blockIdx.x) * 64, head = int(blockIdx.y), batch = int(blockIdx.z);
   if (m0 >= bwd_padded_rows(seq.seqlen_q)) return;  // varlen: past this entry's query blocks
-  const int row = m0 + int(threadIdx.x) / kGroup, part = int(threadIdx.x) % kGroup;
+  const int i = int(threadIdx.x) / kGroup, part = int(threadIdx.x) % kGroup;
+  const int row = m0 + i;
   const bool valid = row < seq.seqlen_q;
   const int r = valid ? row : 0;  // padding rows read nothing, but keep their pointers in bounds
   const float lse =
       valid ? p.lse[batch * p.lse_batch_stride + head * p.lse_head_stride + seq.q_start + row] : -INFINITY;
   const KeyMask mask = seq.mask(p);
+  const int key_begin = cute::max(0, mask.key_begin(r)), key_end = cute::max(key_begin, mask.key_end(r));
+  const bool exact = valid && key_end - key_begin <= kExactDsumKeys;
   const int head_k = head / (p.nheads / p.nheads_k);
   // Row i of this batch entry (varlen: its batch strides are 0 and its rows start at q/k_start).
-  auto at = [&](const void* base, int64_t batch_stride, int64_t row_stride, int64_t head_stride, int h, int i) {
-    return static_cast<const Element*>(base) + batch * batch_stride + int64_t(i) * row_stride + h * head_stride;
+  auto at = [&](const void* base, int64_t batch_stride, int64_t row_stride, int64_t head_stride, int h, int at_row) {
+    return static_cast<const Element*>(base) + batch * batch_stride + int64_t(at_row) * row_stride + h * head_stride;
   };
   const int qi = seq.q_start + r;
-  const DsumRow<Element> rd{at(p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride, head, qi),
-                            at(p.dout, p.do_batch_stride, p.do_row_stride, p.do_head_stride, head, qi),
-                            at(p.o, p.o_batch_stride, p.o_row_stride, p.o_head_stride, head, qi),
-                            at(p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, head_k, seq.k_start),
-                            at(p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride, head_k, seq.k_start),
-                            p.k_row_stride,
-                            p.v_row_stride,
-                            cute::max(0, mask.key_begin(r)),
-                            mask.key_end(r)};
-  const float d = row_dsum<kGroup, kHeadDim>(rd, valid, p, lse, p.head_dim, part);
+  float d = row_dot<kGroup, kHeadDim>(at(p.o, p.o_batch_stride, p.o_row_stride, p.o_head_stride, head, qi),
+                                      at(p.dout, p.do_batch_stride, p.do_row_stride, p.do_head_stride, head, qi),
+                                      valid && !exact ? p.head_dim : 0, part);
+  using Exact = ExactDsum<Element>;
+  __shared__ typename Exact::Storage exact_smem;
+  if (__syncthreads_or(exact)) {
+    if (part == 0) {
+      exact_smem.key_begin[i] = key_begin;
+      exact_smem.key_end[i] = exact && lse != -INFINITY ? key_end : key_begin;
+      exact_smem.lse2[i] = lse * 1.4426950408889634f;
+    }
+    const int q0 = seq.q_start + m0;
+    const typename Exact::Args args{at(p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride, head, q0),
+                                    at(p.dout, p.do_batch_stride, p.do_row_stride, p.do_head_stride, head, q0),
+                                    at(p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, head_k, seq.k_start),
+                                    at(p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride, head_k, seq.k_start),
+                                    p.q_row_stride,
+                                    p.do_row_stride,
+                                    p.k_row_stride,
+                                    p.v_row_stride,
+                                    seq.seqlen_q - m0,
+                                    p.head_dim};
+    Exact::run(args, p, exact_smem);
+    if (exact) d = Exact::row_d(exact_smem, i);
+  }
   const int64_t rows = seq.rows + int64_t(head) * padded_rows;  // workspace row of this head's row 0
   if (part == 0) {
     constexpr float kLog2e = 1.4426950408889634f;
@@ -62,7 +80,7 @@ CUTE_DEVICE void bwd_preprocess_block(const BwdParams& p, const BwdBatch& seq, f
   }
   if (dq_semaphore != nullptr && threadIdx.x == 0) dq_semaphore[(rows + m0) / 64] = 0;
   float4* acc = reinterpret_cast<float4*>(dq_accum + (rows + m0) * kHeadDim);
-  for (int i = int(threadIdx.x); i < 64 * kHeadDim / 4; i += 256) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int j = int(threadIdx.x); j < 64 * kHeadDim / 4; j += 256) acc[j] = make_float4(0.f, 0.f, 0.f, 0.f);
 }
 
 // Grid (padded rows / 64, nheads, batch), 256 threads: four threads a row.
