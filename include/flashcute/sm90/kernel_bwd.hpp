@@ -119,12 +119,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(__grid_consta
   __syncthreads();
   const Mainloop mainloop(kp, storage);
   if (cutlass::canonical_warp_group_idx() == 0) {
-    // Warp 0 loads (one thread), warp 1 writes dQ; the others have nothing to do.
+    // Warp 0 loads (one thread), warp 1 writes dQ (split_d: counts the deterministic adds); the
+    // others have nothing to do.
     cutlass::arch::warpgroup_reg_dealloc<Traits::kConfig.producer_regs>();
     const int warp = cutlass::canonical_warp_idx_sync();
-    if constexpr (!Traits::kSplitD) {  // split_d: the MMA warps add dQ themselves
-      if (warp == 1) {
-        const BwdTile tile = this_tile();
+    if (warp == 1) {
+      const BwdTile tile = this_tile();
+      if constexpr (Traits::kSplitD) {  // the MMA warps add dQ; deterministic: this warp counts the adds
+        if (cute::elect_one_sync()) mainloop.release_dq(tile);
+      } else {
         mainloop.write_dq(tile, tile.seq.mask(p));
       }
     }

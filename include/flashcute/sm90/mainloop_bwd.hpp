@@ -87,6 +87,12 @@ struct BwdMainloop {
   CUTE_DEVICE static void init_barriers(Storage& storage) {
     Pipeline::init(storage.qdo_bar, Traits::kMmaThreads);  // each MMA thread releases (consumer_release_thread)
     cutlass::arch::ClusterTransactionBarrier::init(&storage.kv_full, 1);
+    if constexpr (requires { storage.dq_added; }) {  // split_d
+      for (int i = 0; i < 2; ++i) {
+        cutlass::arch::ClusterBarrier::init(&storage.dq_added[i], Traits::kMmaThreads);
+        cutlass::arch::ClusterBarrier::init(&storage.dq_released[i], 1);
+      }
+    }
   }
 
   CUTE_DEVICE auto smem(Element* p, auto layout) const { return cute::make_tensor(cute::make_smem_ptr(p), layout); }

@@ -112,6 +112,7 @@ struct BwdMainloopSplitD : BwdMainloop<Traits> {
     const float inv_exp_scale = 1.f / exp_scale;
     cutlass::arch::ClusterTransactionBarrier::wait(&storage.kv_full, 0);
     State st;
+    int step = 0;  // the CTA's steps, for add_dq
     int buf = 0;
     for (int g = 0; g < group; ++g) {
       const int64_t rows = tile.seq.rows + int64_t(tile.head_k * group + g) * kp.padded_rows;
@@ -165,7 +166,7 @@ struct BwdMainloopSplitD : BwdMainloop<Traits> {
         wgmma_gemm<true, false>(mma_dq, tQrdS(_, _, _, buf), tQrKt, acc_dq);
         wgmma_gemm<false, false>(mma_kv, tKVrQt(_, _, _, st.index()), tKVrdSt(_, _, _, buf), acc_dk);
         warpgroup_wait<1>();  // dV and dQ are done; dK runs on meanwhile
-        add_dq(acc_dq, rows, m, bwd_dq_turn<kBlockM, kBlockN>(keys, tile.seq.seqlen_q, tile.n_block, m), mma_tid);
+        add_dq(acc_dq, rows, m, bwd_dq_turn<kBlockM, kBlockN>(keys, tile.seq.seqlen_q, tile.n_block, m), step++, mma_tid);
         warpgroup_wait<0>();  // dK is done: the step's Q and dO are free
         // (the P and dS stores' proxy fence ordered the stage's lse and D reads before its refill)
         qdo_pipe.consumer_release_thread(st);
@@ -175,24 +176,46 @@ struct BwdMainloopSplitD : BwdMainloop<Traits> {
   }
 
   // A step's dQ (unscaled) into the accumulator of query block m, in BwdTraits::kDqChunk order.
-  // Deterministic: in the block's turn (bwd_dq_turn), every MMA thread's adds landed before the
-  // count moves on.
+  // Deterministic: in the block's turn (bwd_dq_turn); the adds are handed to the release warp
+  // (release_dq), which counts them once they have landed, so the MMA warps do not wait for that.
+  // `step` counts the CTA's steps from 0.
   template <class Acc>
-  CUTE_DEVICE void add_dq(const Acc& acc_dq, int64_t rows, int m, int turn, int mma_tid) const {
+  CUTE_DEVICE void add_dq(const Acc& acc_dq, int64_t rows, int m, int turn, int step, int mma_tid) const {
     using cutlass::arch::NamedBarrier;
     int* sem = kp.dq_semaphore == nullptr ? nullptr : kp.dq_semaphore + (rows + int64_t(m) * kBlockM) / 64;
+    const int slot = step % 2;
     if (sem != nullptr) {
-      if (mma_tid == 0) wait_turn(sem, turn);
+      if (mma_tid == 0) {
+        // The release warp has taken this slot's last hand-over (two steps ago), so the barrier
+        // cannot run a phase ahead of it.
+        if (step >= 2) cutlass::arch::ClusterBarrier::wait(&storage.dq_released[slot], (step / 2 - 1) % 2);
+        wait_turn(sem, turn);
+      }
       NamedBarrier::sync(Traits::kMmaThreads, NamedBarriers::kBwdDqTurn);
     }
     float* dq = kp.dq_accum + (rows + int64_t(m) * kBlockM) * kHeadDim + mma_tid / 128 * Traits::kDqChunk +
                 2 * (mma_tid % 128);
     CUTE_UNROLL
     for (int i = 0; i < cute::size(acc_dq); i += 2) red_add_f32x2(dq + i / 2 * 256, acc_dq(i), acc_dq(i + 1));
-    if (sem != nullptr) {
-      __threadfence();
-      NamedBarrier::sync(Traits::kMmaThreads, NamedBarriers::kBwdDqTurn);
-      if (mma_tid == 0) asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(sem) : "memory");
+    if (sem != nullptr) cutlass::arch::ClusterBarrier::arrive(&storage.dq_added[slot]);
+  }
+
+  // Deterministic: one lane of a producer warp follows the MMA warps' steps and, once every MMA
+  // thread has made its adds of a step (dq_added), counts them (red.release.gpu: cumulative, so the
+  // next key block sees all the CTA's adds before it adds its own).
+  CUTE_DEVICE void release_dq(const BwdTile& tile) const {
+    if (kp.dq_semaphore == nullptr) return;
+    const int group = kp.params.nheads / kp.params.nheads_k;
+    int step = 0;
+    for (int g = 0; g < group; ++g) {
+      const int64_t rows = tile.seq.rows + int64_t(tile.head_k * group + g) * kp.padded_rows;
+      for (int m = tile.m_first; m < tile.m_last; ++m, ++step) {
+        const int slot = step % 2;
+        cutlass::arch::ClusterBarrier::wait(&storage.dq_added[slot], (step / 2) % 2);
+        int* sem = kp.dq_semaphore + (rows + int64_t(m) * kBlockM) / 64;
+        asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(sem) : "memory");
+        cutlass::arch::ClusterBarrier::arrive(&storage.dq_released[slot]);
+      }
     }
   }
 

@@ -218,6 +218,9 @@ struct BwdTraitsSplitD : BwdTraitsBase<kDType, kCfg> {
     cute::array_aligned<float, kStages * kBlockM, 128> dpsum;
     PipelineBarriers<kStages> qdo_bar;
     uint64_t kv_full;
+    // Deterministic, by step parity: every MMA thread has made its dQ adds / the release warp has
+    // counted them (BwdMainloopSplitD::add_dq, release_dq).
+    uint64_t dq_added[2], dq_released[2];
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= 227 * 1024, "shared storage exceeds 227 KB");
