@@ -229,6 +229,21 @@ struct ExactDsum {
   }
 
   CUTE_DEVICE static float row_d(const Storage& s, int i) { return s.partial[0][i] + s.partial[1][i]; }
+
+  // D of this thread's row, local row i of the block: `d` (dO . O), or the exact D where the row is
+  // exact. Every thread of the block calls it; each row's lane `part` 0 hands in its fields (its
+  // visible keys [key_begin, key_end) and its lse, natural log; -inf: no key, D = 0).
+  CUTE_DEVICE static float dsum(float d, bool exact, int i, int part, int key_begin, int key_end, float lse,
+                                const Args& a, const FwdParams& p, Storage& s) {
+    if (!__syncthreads_or(exact)) return d;
+    if (part == 0) {
+      s.key_begin[i] = key_begin;
+      s.key_end[i] = exact && lse != -INFINITY ? key_end : key_begin;
+      s.lse2[i] = lse * 1.4426950408889634f;
+    }
+    run(a, p, s);
+    return exact ? row_d(s, i) : d;
+  }
 };
 
 }  // namespace flashcute

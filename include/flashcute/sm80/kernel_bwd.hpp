@@ -127,31 +127,22 @@ __global__ void __launch_bounds__(256) bwd_dsum_kernel(__grid_constant__ const B
     return static_cast<Element const*>(params.dout) + seq.do_offset + head * params.do_head_stride +
            q_row * params.do_row_stride;
   };
-  float d = row_dot<kGroup, 256>(
+  const float d_o = row_dot<kGroup, 256>(
       static_cast<Element const*>(params.o) + seq.o_offset + head * params.o_head_stride + r * params.o_row_stride,
       do_at(r), valid && !exact ? params.head_dim : 0, part);
   using Exact = ExactDsum<Element>;
   __shared__ typename Exact::Storage exact_smem;
-  if (__syncthreads_or(exact)) {
-    if (part == 0) {
-      exact_smem.key_begin[i] = key_begin;
-      exact_smem.key_end[i] = exact && lse != -INFINITY ? key_end : key_begin;
-      exact_smem.lse2[i] = lse * 1.4426950408889634f;
-    }
-    const typename Exact::Args args{
-        q_at(m0),
-        do_at(m0),
-        static_cast<Element const*>(params.k) + seq.k_offset + head_k * params.k_head_stride,
-        static_cast<Element const*>(params.v) + seq.v_offset + head_k * params.v_head_stride,
-        params.q_row_stride,
-        params.do_row_stride,
-        params.k_row_stride,
-        params.v_row_stride,
-        seq.seqlen_q - m0,
-        params.head_dim};
-    Exact::run(args, params, exact_smem);
-    if (exact) d = Exact::row_d(exact_smem, i);
-  }
+  const typename Exact::Args args{q_at(m0),
+                                  do_at(m0),
+                                  static_cast<Element const*>(params.k) + seq.k_offset + head_k * params.k_head_stride,
+                                  static_cast<Element const*>(params.v) + seq.v_offset + head_k * params.v_head_stride,
+                                  params.q_row_stride,
+                                  params.do_row_stride,
+                                  params.k_row_stride,
+                                  params.v_row_stride,
+                                  seq.seqlen_q - m0,
+                                  params.head_dim};
+  const float d = Exact::dsum(d_o, exact, i, part, key_begin, key_end, lse, args, params, exact_smem);
   if (!valid) return;
   if (part == 0) params.dsum[seq.dsum_offset + int64_t(head) * seq.dsum_head_stride + row] = d;
 }

@@ -47,31 +47,23 @@ CUTE_DEVICE void bwd_preprocess_block(const BwdParams& p, const BwdBatch& seq, f
     return static_cast<const Element*>(base) + batch * batch_stride + int64_t(at_row) * row_stride + h * head_stride;
   };
   const int qi = seq.q_start + r;
-  float d = row_dot<kGroup, kHeadDim>(at(p.o, p.o_batch_stride, p.o_row_stride, p.o_head_stride, head, qi),
-                                      at(p.dout, p.do_batch_stride, p.do_row_stride, p.do_head_stride, head, qi),
-                                      valid && !exact ? p.head_dim : 0, part);
+  const float d_o = row_dot<kGroup, kHeadDim>(at(p.o, p.o_batch_stride, p.o_row_stride, p.o_head_stride, head, qi),
+                                              at(p.dout, p.do_batch_stride, p.do_row_stride, p.do_head_stride, head, qi),
+                                              valid && !exact ? p.head_dim : 0, part);
   using Exact = ExactDsum<Element>;
   __shared__ typename Exact::Storage exact_smem;
-  if (__syncthreads_or(exact)) {
-    if (part == 0) {
-      exact_smem.key_begin[i] = key_begin;
-      exact_smem.key_end[i] = exact && lse != -INFINITY ? key_end : key_begin;
-      exact_smem.lse2[i] = lse * 1.4426950408889634f;
-    }
-    const int q0 = seq.q_start + m0;
-    const typename Exact::Args args{at(p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride, head, q0),
-                                    at(p.dout, p.do_batch_stride, p.do_row_stride, p.do_head_stride, head, q0),
-                                    at(p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, head_k, seq.k_start),
-                                    at(p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride, head_k, seq.k_start),
-                                    p.q_row_stride,
-                                    p.do_row_stride,
-                                    p.k_row_stride,
-                                    p.v_row_stride,
-                                    seq.seqlen_q - m0,
-                                    p.head_dim};
-    Exact::run(args, p, exact_smem);
-    if (exact) d = Exact::row_d(exact_smem, i);
-  }
+  const int q0 = seq.q_start + m0;
+  const typename Exact::Args args{at(p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride, head, q0),
+                                  at(p.dout, p.do_batch_stride, p.do_row_stride, p.do_head_stride, head, q0),
+                                  at(p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, head_k, seq.k_start),
+                                  at(p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride, head_k, seq.k_start),
+                                  p.q_row_stride,
+                                  p.do_row_stride,
+                                  p.k_row_stride,
+                                  p.v_row_stride,
+                                  seq.seqlen_q - m0,
+                                  p.head_dim};
+  const float d = Exact::dsum(d_o, exact, i, part, key_begin, key_end, lse, args, p, exact_smem);
   const int64_t rows = seq.rows + int64_t(head) * padded_rows;  // workspace row of this head's row 0
   if (part == 0) {
     constexpr float kLog2e = 1.4426950408889634f;
