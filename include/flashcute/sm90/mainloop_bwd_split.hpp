@@ -5,7 +5,8 @@
 // (not transposed), P and dS, and writes them to shared memory; after one barrier every warpgroup
 // reads all of them for its columns of dV^T += dO^T P, dQ = dS K and dK^T += Q^T dS. dQ is added
 // into the fp32 accumulator straight from registers (red.global.add.v2.f32) in the chunk order
-// the postprocess reads: there is no room for a staging buffer and no writer warp.
+// the postprocess reads: there is no room for a staging buffer and no writer warp. Deterministic:
+// the adds go in turn, and a producer warp counts them (release_dq).
 #pragma once
 
 #include <cute/tensor.hpp>
