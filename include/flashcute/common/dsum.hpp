@@ -78,10 +78,12 @@ CUTE_DEVICE float row_dot(const Element* o, const Element* dout, int head_dim, i
 // D of a block's 64 query rows where they see at most kExactDsumKeys keys, on tensor cores
 // (m16n8k16, fp32 accumulators): S = Q K^T and dP = dO V^T over the union of those rows' keys, 64
 // keys and 32 head-dim columns a round, then D_i = sum_j P_ij dP_ij with P from the lse.
-// 256 threads; warps (4, 2) over (rows, keys): 16 rows and two 16-key slices of each 64 keys.
+// 256 threads; warps (4, 2) over (rows, keys): 16 rows and half of each 64 keys a warp.
 template <class Element>
 struct ExactDsum {
   static constexpr int kRows = 64, kKeys = 64, kCols = 32, kThreads = 256;
+  static_assert(kRows * kCols / 8 == kThreads && kKeys == kRows, "one 16-byte piece of each tile a thread");
+  static constexpr float kLog2e = 1.4426950408889634f;
   using MmaOp = std::conditional_t<std::is_same_v<Element, cutlass::bfloat16_t>, cute::SM80_16x8x16_F32BF16BF16F32_TN,
                                    cute::SM80_16x8x16_F32F16F16F32_TN>;
   using TiledMma = cute::TiledMMA<cute::MMA_Atom<MmaOp>, cute::Layout<cute::Shape<cute::_4, cute::_2, cute::_1>>,
@@ -95,8 +97,8 @@ struct ExactDsum {
   struct Storage {
     cute::array_aligned<Element, kRows * kCols> q, dout, k, v;  // this round's (64, 32) tiles
     float partial[2][kRows];                                    // each key slice's row sums
-    // Filled by the caller before run(): each row's exact keys (an empty range if it takes dO . O
-    // or has no key) and its lse in log2 units.
+    // Filled by dsum() before run(): each row's exact keys (an empty range if it takes dO . O or
+    // has no key) and its lse in log2 units.
     int key_begin[kRows], key_end[kRows];
     float lse2[kRows];
   };
@@ -113,7 +115,6 @@ struct ExactDsum {
   // i's D (0 where its range is empty).
   CUTE_DEVICE static void run(const Args& a, const FwdParams& p, Storage& s) {
     using namespace cute;
-    constexpr float kLog2e = 1.4426950408889634f;
     const int tid = int(threadIdx.x);
     __syncthreads();  // the row fields
     // The union of the rows' key ranges; each warp computes it (two rows a lane).
@@ -239,7 +240,7 @@ struct ExactDsum {
     if (part == 0) {
       s.key_begin[i] = key_begin;
       s.key_end[i] = exact && lse != -INFINITY ? key_end : key_begin;
-      s.lse2[i] = lse * 1.4426950408889634f;
+      s.lse2[i] = lse * kLog2e;
     }
     run(a, p, s);
     return exact ? row_d(s, i) : d;
