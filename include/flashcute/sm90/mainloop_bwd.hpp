@@ -97,6 +97,15 @@ struct BwdMainloop {
 
   CUTE_DEVICE auto smem(Element* p, auto layout) const { return cute::make_tensor(cute::make_smem_ptr(p), layout); }
 
+  // The workspace row (lse, D, dQ accumulator) of query row 0 of query head `head` in the tile.
+  CUTE_DEVICE int64_t head_rows(const BwdTile& tile, int head) const {
+    return tile.seq.rows + int64_t(head) * kp.padded_rows;
+  }
+  // Deterministic: query block m's dQ add count (one per 64 workspace rows); nullptr otherwise.
+  CUTE_DEVICE int* dq_count(int64_t rows, int m) const {
+    return kp.dq_semaphore == nullptr ? nullptr : kp.dq_semaphore + (rows + int64_t(m) * kBlockM) / 64;
+  }
+
   // Producer, one thread.
   CUTE_DEVICE void load(const BwdTile& tile) const {
     using namespace cute;
@@ -137,7 +146,7 @@ struct BwdMainloop {
       auto [tQgQ, tQsQ] = tma_partition(kp.tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
       auto [tOgO, tOsO] =
           tma_partition(kp.tma_do, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
-      const int64_t rows = seq.rows + int64_t(head) * kp.padded_rows;  // workspace row of query row 0
+      const int64_t rows = head_rows(tile, head);
       for (int m = tile.m_first; m < tile.m_last; ++m, ++st) {
         uint64_t& full = qdo_pipe.producer_acquire(st, 2 * Traits::kQBytes + 2 * Traits::kRowBytes);
         copy(kp.tma_q.with(full), tQgQ(_, m), tQsQ(_, st.index()));
@@ -162,10 +171,10 @@ struct BwdMainloop {
     const bool leader = cute::elect_one_sync();
     for (int w = 0; w < 2; ++w) NamedBarrier::arrive(kThreads, NamedBarriers::kBwdDqEmpty + w);  // start empty
     for (int g = 0; g < group; ++g) {
-      const int64_t rows = tile.seq.rows + int64_t(tile.head_k * group + g) * kp.padded_rows;
+      const int64_t rows = head_rows(tile, tile.head_k * group + g);
       float* dq_accum = kp.dq_accum + rows * kHeadDim;
       for (int m = tile.m_first; m < tile.m_last; ++m) {
-        int* sem = kp.dq_semaphore == nullptr ? nullptr : kp.dq_semaphore + (rows + m * kBlockM) / 64;
+        int* sem = dq_count(rows, m);
         for (int w = 0; w < 2; ++w) {
           NamedBarrier::sync(kThreads, NamedBarriers::kBwdDqFull + w);
           if (leader) {

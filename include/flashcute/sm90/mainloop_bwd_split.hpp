@@ -116,7 +116,7 @@ struct BwdMainloopSplitD : BwdMainloop<Traits> {
     int step = 0;  // the CTA's steps, for add_dq
     int buf = 0;
     for (int g = 0; g < group; ++g) {
-      const int64_t rows = tile.seq.rows + int64_t(tile.head_k * group + g) * kp.padded_rows;
+      const int64_t rows = Base::head_rows(tile, tile.head_k * group + g);
       for (int m = tile.m_first; m < tile.m_last; ++m, ++st, buf ^= 1) {
         const int m0 = m * kBlockM;
         qdo_pipe.consumer_wait(st);
@@ -183,7 +183,7 @@ struct BwdMainloopSplitD : BwdMainloop<Traits> {
   template <class Acc>
   CUTE_DEVICE void add_dq(const Acc& acc_dq, int64_t rows, int m, int turn, int step, int mma_tid) const {
     using cutlass::arch::NamedBarrier;
-    int* sem = kp.dq_semaphore == nullptr ? nullptr : kp.dq_semaphore + (rows + int64_t(m) * kBlockM) / 64;
+    int* sem = Base::dq_count(rows, m);
     const int slot = step % 2;
     if (sem != nullptr) {
       if (mma_tid == 0) {
@@ -209,11 +209,11 @@ struct BwdMainloopSplitD : BwdMainloop<Traits> {
     const int group = kp.params.nheads / kp.params.nheads_k;
     int step = 0;
     for (int g = 0; g < group; ++g) {
-      const int64_t rows = tile.seq.rows + int64_t(tile.head_k * group + g) * kp.padded_rows;
+      const int64_t rows = Base::head_rows(tile, tile.head_k * group + g);
       for (int m = tile.m_first; m < tile.m_last; ++m, ++step) {
         const int slot = step % 2;
         cutlass::arch::ClusterBarrier::wait(&storage.dq_added[slot], (step / 2) % 2);
-        int* sem = kp.dq_semaphore + (rows + int64_t(m) * kBlockM) / 64;
+        int* sem = Base::dq_count(rows, m);
         asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(sem) : "memory");
         cutlass::arch::ClusterBarrier::arrive(&storage.dq_released[slot]);
       }

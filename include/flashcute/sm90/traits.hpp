@@ -36,12 +36,14 @@ constexpr auto qk_op() {
 template <class TiledMma>
 constexpr int gmma_n = cute::size<1>(typename TiledMma::AtomShape_MNK{});
 
-// Rows of kCols 2-byte elements copied 16 bytes a thread by a warpgroup (128 threads), as many
+// Rows of kCols elements copied 16 bytes a thread by a warpgroup (128 threads), as many
 // threads a row as divide its 16-byte chunks (16, 8 or 4): the epilogues' stores of a tile read
 // back from shared memory.
 template <class Element, int kCols>
 constexpr int gmem_row_threads() {
-  constexpr int kChunks = kCols / 8;
+  constexpr int kPerChunk = 16 / int(sizeof(Element));
+  static_assert(kCols % kPerChunk == 0, "a row is whole 16-byte chunks");
+  constexpr int kChunks = kCols / kPerChunk;
   return kChunks % 16 == 0 ? 16 : (kChunks % 8 == 0 ? 8 : 4);
 }
 template <class Element, int kCols>
@@ -50,7 +52,7 @@ using GmemRowCopy = decltype(cute::make_tiled_copy(
     cute::Layout<cute::Shape<cute::Int<128 / gmem_row_threads<Element, kCols>()>,
                              cute::Int<gmem_row_threads<Element, kCols>()>>,
                  cute::Stride<cute::Int<gmem_row_threads<Element, kCols>()>, cute::_1>>{},
-    cute::Layout<cute::Shape<cute::_1, cute::_8>>{}));
+    cute::Layout<cute::Shape<cute::_1, cute::Int<16 / int(sizeof(Element))>>>{}));
 
 // The widest GMMA swizzle atom that tiles a (rows, cols) tile: 128 B rows where the contiguous
 // extent allows, else 64 B or 32 B. kMajor says which extent is contiguous (K: cols; MN: rows).
