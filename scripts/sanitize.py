@@ -12,7 +12,7 @@ dim (72 -> 96), every kernel head dim, a strided packed-qkv view and a caller-pr
 in bf16 and fp16. Sizes are tiny so that racecheck finishes in seconds. --kvcache adds
 flash_attn_with_kvcache calls: paged caches with shuffled pages and an append, split-KV (automatic
 and forced), a contiguous MQA cache, and out-of-range page numbers and cache lengths. --varlen adds
-flash_attn_varlen_func calls, forward and backward on each backward path (empty, one-row and
+flash_attn_varlen_func calls, forward and backward on each path (empty, one-row and
 ragged sequences, GQA, masks), and garbage cu_seqlens: out of range, and descending.
 
 The only GPU kernels this process launches are flashcute's: inputs are made on the CPU and copied
@@ -162,7 +162,7 @@ def check_backward(case: Case, inputs: tuple[torch.Tensor, ...], out: torch.Tens
     # sm90 twice: its dQ adds in arrival order, then in turn (deterministic: spin-waits across CTAs).
     for path, deterministic in (("sm80", False), ("sm90", False), ("sm90", True)):
         grads = tuple(torch.full_like(x, float("nan")) for x in (q, k, v))
-        with env_var("FLASHCUTE_BACKWARD_PATH", path):
+        with env_var("FLASHCUTE_FORWARD_PATH", path), env_var("FLASHCUTE_BACKWARD_PATH", path):
             flashcute.flash_attn_bwd(dout, q, k, v, out, lse, deterministic=deterministic, dq=grads[0],
                                      dk=grads[1], dv=grads[2], **opts)
         ran = flashcute.last_backward_path()
@@ -287,8 +287,8 @@ VARLEN_CASES: tuple[VarlenCase, ...] = (
 
 
 def run_varlen(case: VarlenCase, dtype: torch.dtype, seed: int) -> tuple[bool, str]:
-    """The forward, then its backward on the sm80 path and on the sm90 one (with and without
-    deterministic) where that takes the call, each sequence checked on the CPU."""
+    """The forward and its backward on the sm80 paths, then on the sm90 ones (the backward with
+    and without deterministic) where they take the call, each sequence checked on the CPU."""
     gen = torch.Generator().manual_seed(seed)
     tq, tk = sum(case.lens_q), sum(case.lens_k)
     q = torch.randn(tq, case.nheads, case.headdim, generator=gen).to(dtype)
@@ -306,17 +306,18 @@ def run_varlen(case: VarlenCase, dtype: torch.dtype, seed: int) -> tuple[bool, s
     notes = []
     for path, deterministic in (("sm80", False), ("sm90", False), ("sm90", True)):
         leaves = [x.to(DEVICE).requires_grad_() for x in (q, k, v)]
-        with env_var("FLASHCUTE_BACKWARD_PATH", path):
+        with env_var("FLASHCUTE_FORWARD_PATH", path), env_var("FLASHCUTE_BACKWARD_PATH", path):
             # Garbage cu_seqlens may make a sequence as long as the arrays: maxima that cover it.
             maxima = (tq, tk) if case.cu else (max(case.lens_q), max(case.lens_k))
             out, lse = flashcute.flash_attn_varlen_func(*leaves, *dev_cu, *maxima,
                                                         deterministic=deterministic, return_lse=True, **opts)
             grads = torch.autograd.grad(out, leaves, dout.to(DEVICE))
+            fwd_ran = flashcute.last_forward_path()
         ran = flashcute.last_backward_path()
         if ran != path:  # the sm90 backward does not take this case
             continue
         torch.cuda.synchronize()
-        name = ran + (" deterministic" if deterministic else "")
+        name = (ran if fwd_ran == ran else f"{fwd_ran} forward, {ran}") + (" deterministic" if deterministic else "")
         out, lse, grads = out.detach().cpu(), lse.cpu(), [g.cpu() for g in grads]
         if case.cu:
             if not all(bool(torch.isfinite(x).all()) for x in (out, *grads)):

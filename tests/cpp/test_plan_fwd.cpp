@@ -344,9 +344,20 @@ TEST(PlanFwdVarlen, PlansTheSequencesOnTheDevice) {
   EXPECT_EQ(q.q_row_stride, 8 * built_head_dim());
   EXPECT_EQ(q.lse_head_stride, 100);  // lse (nheads, total_q)
   EXPECT_FALSE(p.empty);
-  // The sm90 kernels take fixed-length batches only: a varlen call stays on the sm80 ones.
-  EXPECT_FALSE(p.sm90);
-  EXPECT_STREQ(flashcute::sm90_can_run(q), "a variable-length batch");
+  // The sm90 kernels take varlen batches too (their varlen twin, sm90::launch_fwd_varlen).
+  bool sm90_built = false;
+  for (const flashcute::KernelKey& key : flashcute::kCompiledKernels)
+    sm90_built = sm90_built || (key.arch == flashcute::Arch::kSm90 && key.direction == flashcute::Direction::kFwd &&
+                                key.dtype == built_dtype() && key.head_dim == built_head_dim());
+  EXPECT_EQ(flashcute::sm90_can_run(q), nullptr);
+  EXPECT_EQ(p.sm90, sm90_built);
+  // ... unless there is nothing to read.
+  flashcute::FwdParams none = q;
+  none.total_k = 0;
+  EXPECT_STREQ(flashcute::sm90_can_run(none), "no keys");
+  none = q;
+  none.total_q = 0;
+  EXPECT_STREQ(flashcute::sm90_can_run(none), "no queries");
   // Window bounds are normalised against the packed totals, which bound every sequence.
   FwdArgs a = good_varlen_args();
   a.window_left = 119;

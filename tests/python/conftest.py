@@ -124,3 +124,21 @@ def sm90_bwd_why_not(torch):
         return ""
 
     return why_not
+
+
+@pytest.fixture(scope="session")
+def sm90_fwd_why_not(torch):
+    """sm90_fwd_why_not(head_dim, dtype): '' when the sm90 forward takes that head dim and dtype
+    ("float16" / "bfloat16") on this GPU and build, else why not."""
+    import flashcute
+
+    def why_not(head_dim: int, dtype: str) -> str:
+        if torch.cuda.get_device_capability() != (9, 0):
+            return ("the sm90 forward runs on compute capability 9.0 only, this GPU is "
+                    f"{torch.cuda.get_device_capability()}")
+        kd = flashcute.kernel_head_dim(head_dim)
+        if ("sm90", "fwd", dtype, kd) not in flashcute.compiled_kernels():
+            return f"this build has no sm90 forward kernel for {dtype} head dim {head_dim}"
+        return ""
+
+    return why_not

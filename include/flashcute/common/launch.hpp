@@ -47,6 +47,9 @@ Status launch_fwd(const FwdParams& params, cudaStream_t stream);
 // compiled sm90 forward kernel whose head dim has them.
 template <DType kDType, int kHeadDim>
 Status launch_fwd_long(const FwdParams& params, cudaStream_t stream);
+// The variable-length batch (cu_seqlens): one more generated TU for each compiled sm90 forward kernel.
+template <DType kDType, int kHeadDim>
+Status launch_fwd_varlen(const FwdParams& params, cudaStream_t stream);
 // The Hopper backward (sm90/launch_bwd.hpp), where sm90::has_bwd_config(kHeadDim).
 template <DType kDType, int kHeadDim>
 Status launch_bwd(const BwdParams& params, cudaStream_t stream);

@@ -22,6 +22,20 @@ CUTE_HOST_DEVICE int clamped_row(const int* cu_seqlens, int b, int lo, int total
   return r < lo ? lo : (r > total ? total : r);
 }
 
+// Sequence b of a varlen batch, from its cu_seqlens (either array may be a copy in shared
+// memory): its first rows and its lengths, clamped into [0, total] (a decreasing pair gives 0).
+struct VarlenRows {
+  int q_start, k_start, seqlen_q, seqlen_k;
+};
+CUTE_HOST_DEVICE VarlenRows varlen_rows(const int* cu_q, const int* cu_k, int total_q, int total_k, int b) {
+  VarlenRows r;
+  r.q_start = clamped_row(cu_q, b, 0, total_q);
+  r.k_start = clamped_row(cu_k, b, 0, total_k);
+  r.seqlen_q = clamped_row(cu_q, b + 1, r.q_start, total_q) - r.q_start;
+  r.seqlen_k = clamped_row(cu_k, b + 1, r.k_start, total_k) - r.k_start;
+  return r;
+}
+
 struct FwdSeqlen {
   int seqlen_q;       // query rows of this batch entry
   int seqlen_k;       // keys of this batch entry
@@ -50,10 +64,8 @@ struct FwdSeqlen {
       return;
     }
     // Varlen (device only: the arrays are device memory). A decreasing pair gives length 0.
-    q_start = clamped_row(p.cu_seqlens_q, batch, 0, p.total_q);
-    k_start = clamped_row(p.cu_seqlens_k, batch, 0, p.total_k);
-    seqlen_q = clamped_row(p.cu_seqlens_q, batch + 1, q_start, p.total_q) - q_start;
-    seqlen_k = clamped_row(p.cu_seqlens_k, batch + 1, k_start, p.total_k) - k_start;
+    const VarlenRows r = varlen_rows(p.cu_seqlens_q, p.cu_seqlens_k, p.total_q, p.total_k, batch);
+    q_start = r.q_start, k_start = r.k_start, seqlen_q = r.seqlen_q, seqlen_k = r.seqlen_k;
     q_offset = q_start * p.q_row_stride;
     k_offset = k_start * p.k_row_stride;
     v_offset = k_start * p.v_row_stride;

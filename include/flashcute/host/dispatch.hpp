@@ -84,6 +84,11 @@ Status launch_kernel(const Params& params, cudaStream_t stream) {
     return sm90::launch_bwd<kKey.dtype, kKey.head_dim>(params, stream);
   } else if constexpr (kKey.arch == Arch::kSm90) {
     static_assert(kKey.variant == Variant::kPlain, "the sm90 family has the plain forward and backward only");
+    constexpr sm90::FwdConfig kBase = sm90::default_fwd_config(kKey.head_dim);
+    if (params.cu_seqlens_q != nullptr) {  // varlen: the first table's tiles
+      record_forward_tile(kBase.block_m, kBase.block_n);
+      return sm90::launch_fwd_varlen<kKey.dtype, kKey.head_dim>(params, stream);
+    }
     Sm90Tiles tiles;
     FLASHCUTE_RETURN_IF_ERROR(sm90_tiles_setting(tiles));
     if constexpr (sm90::has_long_fwd_config(kKey.head_dim)) {
@@ -98,7 +103,6 @@ Status launch_kernel(const Params& params, cudaStream_t stream) {
         return sm90::launch_fwd_long<kKey.dtype, kKey.head_dim>(params, stream);
       }
     }
-    constexpr sm90::FwdConfig kBase = sm90::default_fwd_config(kKey.head_dim);
     record_forward_tile(kBase.block_m, kBase.block_n);
     return sm90::launch_fwd<kKey.dtype, kKey.head_dim>(params, stream);
   } else if constexpr (kKey.variant == Variant::kSplitkv) {

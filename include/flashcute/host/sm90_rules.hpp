@@ -44,13 +44,14 @@ inline const char* sm90_tma_can_read(const FwdParams& p) {
 }
 
 // Why the sm90 (TMA + wgmma) forward cannot take a call with these params, or nullptr when it can:
-// TMA must read q, k and v (sm90_tma_can_read); the kernel reads a fixed-length batch (no varlen,
-// no KV cache) with at least one key, and stores O in 4-byte pairs. Everything else runs on the
+// TMA must read q, k and v (sm90_tma_can_read); the kernel reads a fixed-length or varlen batch
+// (no KV cache) with at least one key, and stores O in 4-byte pairs. Everything else runs on the
 // sm80 kernel, which takes any layout plan_fwd accepts.
 inline const char* sm90_can_run(const FwdParams& p) {
-  if (p.cu_seqlens_q != nullptr) return "a variable-length batch";
+  const bool varlen = p.cu_seqlens_q != nullptr;
   if (p.cache_seqlens != nullptr || p.block_table != nullptr || p.seqlen_new > 0) return "a KV-cache call";
-  if (p.seqlen_k < 1) return "no keys";
+  if (p.seqlen_k < 1 || (varlen && p.total_k < 1)) return "no keys";
+  if (varlen && p.total_q < 1) return "no queries";
   // The kernel numbers its tiles (128 query rows, one head) in 32 bits.
   if ((int64_t(p.seqlen_q) + 63) / 64 * p.nheads * p.batch > INT_MAX) return "more than 2^31 query tiles";
   if (const char* why = sm90_tma_can_read(p)) return why;

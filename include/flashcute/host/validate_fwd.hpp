@@ -114,7 +114,7 @@ inline Status plan_fwd_varlen(const FwdArgs& a, FwdPlan& plan) {
   p.seqlen_k = int(vl.max_seqlen_k);
   p.q_batch_stride = p.k_batch_stride = p.v_batch_stride = p.o_batch_stride = p.lse_batch_stride = 0;
   plan.empty = batch == 0 || vl.max_seqlen_q == 0 || p.total_q == 0;
-  plan.sm90 = false;  // the sm90 kernels take fixed-length batches only (sm90_can_run)
+  plan.sm90 = plan.sm90 && sm90_can_run(p) == nullptr;  // (the batch-1 view's verdict, then the varlen rules)
   return Status::success();
 }
 

@@ -19,9 +19,17 @@
 
 namespace flashcute::sm90 {
 
+// The query rows of a tile's (batch, head): varlen, its sequence's.
+template <bool kVarlen>
+CUTE_DEVICE int tile_seqlen_q(FwdParams const& params, VarlenRows const& seq) {
+  return kVarlen ? seq.seqlen_q : params.seqlen_q;
+}
+
 // Stores warpgroup wg's rows of the tile at query row m0: rO, the converted O accumulator
 // ((2,2,D/8),MMA_M,MMA_D), whose (row, col) coordinates are tOcO_rc ((2,MMA_M),(2,D/8,MMA_D)), into
-// o_tile (the tile's (batch, head) in params.o). mma_tid: the thread's index among the consumers.
+// o_tile (the tile's (batch, head) in params.o), whose rows from its seqlen_q on are not stored
+// (varlen: seq's).
+// mma_tid: the thread's index among the consumers.
 // - With o_smem, the warpgroup stages its 64 rows in shared memory with stmatrix and stores them
 //   16 bytes a thread.
 // - With o_via_v and v_stage >= 0, it stages them in passes through V buffer v_stage, that of the
@@ -32,8 +40,8 @@ namespace flashcute::sm90 {
 //   than the kernel's.
 template <class Traits, class TiledMmaPV, class FragO, class CoordsO>
 CUTE_DEVICE void store_o(typename Traits::SharedStorage& storage, TiledMmaPV const& mma_pv, FragO const& rO,
-                         CoordsO const& tOcO_rc, typename Traits::Element* o_tile, FwdParams const& params, int m0,
-                         int wg, int mma_tid, int v_stage) {
+                         CoordsO const& tOcO_rc, typename Traits::Element* o_tile, FwdParams const& params,
+                         VarlenRows const& seq, int m0, int wg, int mma_tid, int v_stage) {
   using namespace cute;
   using Element = typename Traits::Element;
   constexpr int kBlockN = Traits::kBlockN;
@@ -61,7 +69,7 @@ CUTE_DEVICE void store_o(typename Traits::SharedStorage& storage, TiledMmaPV con
     Tensor tOcO_wg = gmem_thr_copy_o.partition_D(make_identity_tensor(TileO{}));  // (CPY,CPY_M,CPY_D) -> (row,col)
     Tensor tOrO = make_tensor<Element>(shape(tOgO));                             // (CPY,CPY_M,CPY_D)
     copy(gmem_copy_o, tOsO, tOrO);
-    store_tile(gmem_copy_o, tOrO, tOgO, tOcO_wg, params.seqlen_q - row0, params.head_dim);
+    store_tile(gmem_copy_o, tOrO, tOgO, tOcO_wg, tile_seqlen_q<Traits::kVarlen>(params, seq) - row0, params.head_dim);
   } else {
     bool staged = false;
     if constexpr (Traits::kConfig.o_via_v) {
@@ -105,7 +113,7 @@ CUTE_DEVICE void store_o(typename Traits::SharedStorage& storage, TiledMmaPV con
             const uint4 chunk_data =
                 *reinterpret_cast<const uint4*>(region + row * kPassCols + (chunk ^ (row & 7)) * 8);
             const int o_row = m0 + 64 * wg + row, o_col = pass * kPassCols + chunk * 8;
-            if (o_row < params.seqlen_q && o_col < params.head_dim)
+            if (o_row < tile_seqlen_q<Traits::kVarlen>(params, seq) && o_col < params.head_dim)
               *reinterpret_cast<uint4*>(o_tile + int64_t(o_row) * params.o_row_stride + o_col) = chunk_data;
           }
         }
@@ -120,7 +128,7 @@ CUTE_DEVICE void store_o(typename Traits::SharedStorage& storage, TiledMmaPV con
         CUTE_UNROLL
         for (int r = 0; r < size<0>(rO_rc); ++r) {
           const int row = m0 + get<0>(tOcO_rc(r, 0));
-          if (row >= params.seqlen_q) continue;
+          if (row >= tile_seqlen_q<Traits::kVarlen>(params, seq)) continue;
           Element* o_row = o_ptr + int64_t(row) * params.o_row_stride;
           CUTE_UNROLL
           for (int c = 0; c < size<1>(rO_rc); c += 2) {  // (c, c + 1): adjacent columns, one 4-byte store
@@ -159,9 +167,11 @@ struct FwdEpilogue {
 
   // Finalises the softmax of the tile's rows (softmax.finalize: O normalised, lse), stores O and
   // the lse. acc_o: the P V accumulator ((2,2,D/8),MMA_M,MMA_D), fp32. v_stage: the V buffer O may
-  // be staged in (config o_via_v), or -1 for none.
+  // be staged in (config o_via_v), or -1 for none. seq: a varlen tile's sequence
+  // (TileScheduler::rows; unused otherwise).
   template <int kRows, class AccO>
-  CUTE_DEVICE void store(const WorkTile& tile, OnlineSoftmax<kRows>& softmax, AccO& acc_o, int v_stage) const {
+  CUTE_DEVICE void store(const WorkTile& tile, const VarlenRows& seq, OnlineSoftmax<kRows>& softmax, AccO& acc_o,
+                         int v_stage) const {
     using namespace cute;
     using Element = typename Traits::Element;
     typename Traits::TiledMmaPV mma_pv;
@@ -171,15 +181,19 @@ struct FwdEpilogue {
     float lse[kRows];
     softmax.finalize(acc_o_rc, lse);
     Tensor rO = convert_fragment<Element>(acc_o);  // ((2,2,D/8),MMA_M,MMA_D)
-    auto* o_tile =
-        static_cast<Element*>(params.o) + tile.batch * params.o_batch_stride + tile.head * params.o_head_stride;
-    store_o<Traits>(storage, mma_pv, rO, tOcO_rc, o_tile, params, m0, wg, mma_tid, v_stage);
+    // Where the tile's (batch, head) starts in o and lse: varlen, its sequence's rows of the one
+    // batch (lse is (nheads, total_q)).
+    const int64_t o_offset =
+        Traits::kVarlen ? int64_t(seq.q_start) * params.o_row_stride : tile.batch * params.o_batch_stride;
+    auto* o_tile = static_cast<Element*>(params.o) + o_offset + tile.head * params.o_head_stride;
+    store_o<Traits>(storage, mma_pv, rO, tOcO_rc, o_tile, params, seq, m0, wg, mma_tid, v_stage);
     if (params.lse != nullptr && get<1>(tOcO_rc(0, 0)) == 0) {  // one thread of each row's quad
-      float* lse_ptr = params.lse + tile.batch * params.lse_batch_stride + tile.head * params.lse_head_stride;
+      const int64_t lse_offset = Traits::kVarlen ? int64_t(seq.q_start) : tile.batch * params.lse_batch_stride;
+      float* lse_ptr = params.lse + lse_offset + tile.head * params.lse_head_stride;
       CUTE_UNROLL
       for (int r = 0; r < kRows; ++r) {
         const int row = m0 + get<0>(tOcO_rc(r, 0));
-        if (row < params.seqlen_q) lse_ptr[row] = lse[r];
+        if (row < tile_seqlen_q<Traits::kVarlen>(params, seq)) lse_ptr[row] = lse[r];
       }
     }
   }

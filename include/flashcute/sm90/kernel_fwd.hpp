@@ -9,7 +9,8 @@
 //   (FwdMma), masked by FwdMask (mask.hpp), then store O and the lse (FwdEpilogue,
 //   epilogue_fwd.hpp).
 // Blocks are walked from the last to the first, so the ragged and diagonal blocks, the ones that
-// need a mask, come first, as in the sm80 kernel.
+// need a mask, come first, as in the sm80 kernel. The varlen kernel (Traits::kVarlen) is the same
+// with each tile's sequence read from cu_seqlens (TileScheduler::at, WorkTile).
 //
 // Built only for sm_90a (wgmma and setmaxnreg exist nowhere else); the body is empty on any
 // other target, and the host dispatch never launches it there.
@@ -39,8 +40,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
   auto& storage = *reinterpret_cast<typename Traits::SharedStorage*>(smem_buf);
   const FwdParams& params = kp.params;
   const KeyMask keys{params.seqlen_k, params.seqlen_k - params.seqlen_q, params.window_left, params.window_right};
-  const TileScheduler<Traits::kBlockM, Traits::kBlockN> scheduler(kp.schedule, params, kp.div_heads, keys, blockIdx.x,
-                                                                  gridDim.x);
+  const TileScheduler<Traits::kBlockM, Traits::kBlockN, Traits::kVarlen> scheduler(kp.schedule, params, kp.div_heads,
+                                                                                    keys, blockIdx.x, gridDim.x);
 
   if (threadIdx.x == 0) Mainloop::init_barriers(storage);
   cutlass::arch::fence_barrier_init();
@@ -56,7 +57,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
     typename Mainloop::KvState kv;
     for (WorkTile pos = scheduler.start(); !scheduler.done(pos); scheduler.step(pos)) {
       const WorkTile tile = scheduler.at(pos.u, pos.j);
-      if (tile.valid && tile.has_keys()) mainloop.load(tile, q, kv);
+      if (!tile.valid || !tile.has_keys()) continue;
+      mainloop.load(tile, tile.sequence(), q, kv);
     }
     return;
   }

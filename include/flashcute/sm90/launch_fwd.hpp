@@ -28,16 +28,17 @@ template <class Traits>
 FwdKernelParams<Traits> make_kernel_params(const FwdParams& p, TileSchedule schedule) {
   using namespace cute;
   using Element = typename Traits::Element;
+  const FwdTmaExtents ext = fwd_tma_extents<Traits::kVarlen>(p);  // varlen: (total_q / total_k rows, 1 batch)
   auto q = make_tensor(make_gmem_ptr(static_cast<Element const*>(p.q)),
-                       make_shape(p.seqlen_q, p.head_dim, p.nheads, p.batch),
+                       make_shape(ext.rows_q, p.head_dim, p.nheads, ext.batches),
                        make_stride(tma_stride(p.q_row_stride), _1{}, tma_stride(p.q_head_stride),
                                    tma_stride(p.q_batch_stride)));  // (Sq,d,H,B)
   auto k = make_tensor(make_gmem_ptr(static_cast<Element const*>(p.k)),
-                       make_shape(p.seqlen_k, p.head_dim, p.nheads_k, p.batch),
+                       make_shape(ext.rows_k, p.head_dim, p.nheads_k, ext.batches),
                        make_stride(tma_stride(p.k_row_stride), _1{}, tma_stride(p.k_head_stride),
                                    tma_stride(p.k_batch_stride)));  // (Sk,d,Hk,B)
   auto vt = make_tensor(make_gmem_ptr(static_cast<Element const*>(p.v)),
-                        make_shape(p.head_dim, p.seqlen_k, p.nheads_k, p.batch),
+                        make_shape(p.head_dim, ext.rows_k, p.nheads_k, ext.batches),
                         make_stride(_1{}, tma_stride(p.v_row_stride), tma_stride(p.v_head_stride),
                                     tma_stride(p.v_batch_stride)));  // (d,Sk,Hk,B)
   return FwdKernelParams<Traits>{
@@ -104,6 +105,14 @@ Status launch_fwd_long(const FwdParams& params, cudaStream_t stream) {
                 "no valid long-sequence sm90 config for this head dim: CMake's _flashcute_sm90_long_head_dims "
                 "must list the head dims of sm90::long_fwd_config");
   return launch_fwd_with<FwdTraits<kDType, long_fwd_config(kHeadDim)>>(params, stream);
+}
+
+// The same kernel for a variable-length batch (cu_seqlens), on the first table's config, in a
+// generated translation unit of its own (sm90_fwd_<dtype>_hdim<d>_varlen); host/dispatch.hpp
+// takes it for varlen calls. The walk covers the longest sequence (params.seqlen_q: max_seqlen_q).
+template <DType kDType, int kHeadDim>
+Status launch_fwd_varlen(const FwdParams& params, cudaStream_t stream) {
+  return launch_fwd_with<FwdTraits<kDType, default_fwd_config(kHeadDim), true>>(params, stream);
 }
 
 }  // namespace flashcute::sm90

@@ -30,6 +30,17 @@
 
 namespace flashcute::sm90 {
 
+// The row extents of the TMA tensors of q and of k and v, and their batch extent: a varlen batch
+// is one batch of total_q / total_k rows.
+struct FwdTmaExtents {
+  int rows_q, rows_k, batches;
+};
+template <bool kVarlen>
+CUTE_HOST_DEVICE FwdTmaExtents fwd_tma_extents(const FwdParams& p) {
+  if constexpr (kVarlen) return {p.total_q, p.total_k, 1};
+  else return {p.seqlen_q, p.seqlen_k, p.batch};
+}
+
 template <class Traits>
 struct FwdMainloop {
   using Element = typename Traits::Element;
@@ -75,16 +86,27 @@ struct FwdMainloop {
   // Producer, one thread: a tile's Q (load q), then its K and V blocks from the top (load kv).
   // The Q buffer is free once every consumer warp has run its last Q K^T of the tile that used it
   // before; a K/V stage once every consumer warp has read its block kStages before.
-  CUTE_DEVICE void load(const WorkTile& tile, QState& q, KvState& kv) const {
+  // seq: a varlen tile's sequence (TileScheduler::rows; unused otherwise).
+  CUTE_DEVICE void load(const WorkTile& tile, const VarlenRows& seq, QState& q, KvState& kv) const {
     using namespace cute;
     const FwdParams& params = kp.params;
     const int head_k = tile.head / (params.nheads / params.nheads_k);
-    Tensor mQ = kp.tma_q.get_tma_tensor(make_shape(params.seqlen_q, params.head_dim, params.nheads, params.batch));
-    Tensor mK = kp.tma_k.get_tma_tensor(make_shape(params.seqlen_k, params.head_dim, params.nheads_k, params.batch));
-    Tensor mVt = kp.tma_v.get_tma_tensor(make_shape(params.head_dim, params.seqlen_k, params.nheads_k, params.batch));
-    Tensor gQ = local_tile(mQ(_, _, tile.head, tile.batch), TileQ{}, make_coord(tile.m_block, 0));  // (BLK_M,D)
-    Tensor gK = local_tile(mK(_, _, head_k, tile.batch), TileKV{}, make_coord(_, 0));              // (BLK_N,D,n)
-    Tensor gVt = local_tile(mVt(_, _, head_k, tile.batch), TileVt{}, make_coord(0, _));            // (D,BLK_N,n)
+    const FwdTmaExtents ext = fwd_tma_extents<Traits::kVarlen>(params);
+    Tensor mQ = kp.tma_q.get_tma_tensor(make_shape(ext.rows_q, params.head_dim, params.nheads, ext.batches));  // (Sq,d,H,B)
+    Tensor mK = kp.tma_k.get_tma_tensor(make_shape(ext.rows_k, params.head_dim, params.nheads_k, ext.batches));  // (Sk,d,Hk,B)
+    Tensor mVt = kp.tma_v.get_tma_tensor(make_shape(params.head_dim, ext.rows_k, params.nheads_k, ext.batches));  // (d,Sk,Hk,B)
+    // This tile's (batch, head); varlen: its sequence's rows of the one batch. Rows past a sequence
+    // are the next one's (zero past the array): the mask hides its keys, its queries' O is not stored.
+    Tensor mQ_bh = mQ(_, _, tile.head, Traits::kVarlen ? 0 : tile.batch);    // (Sq,d)
+    Tensor mK_bh = mK(_, _, head_k, Traits::kVarlen ? 0 : tile.batch);       // (Sk,d)
+    Tensor mVt_bh = mVt(_, _, head_k, Traits::kVarlen ? 0 : tile.batch);     // (d,Sk)
+    auto from = [&](auto const& m, auto const& start) {
+      if constexpr (Traits::kVarlen) return domain_offset(start, m);
+      else return m;
+    };
+    Tensor gQ = local_tile(from(mQ_bh, make_coord(seq.q_start, _0{})), TileQ{}, make_coord(tile.m_block, 0));  // (BLK_M,D)
+    Tensor gK = local_tile(from(mK_bh, make_coord(seq.k_start, _0{})), TileKV{}, make_coord(_, 0));     // (BLK_N,D,n)
+    Tensor gVt = local_tile(from(mVt_bh, make_coord(_0{}, seq.k_start)), TileVt{}, make_coord(0, _));  // (D,BLK_N,n)
     auto [tQgQ, tQsQ] = tma_partition(kp.tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(smem_q()),
                                       group_modes<0, 2>(gQ));  // (TMA), (TMA,QPIPE)
     auto [tKgK, tKsK] = tma_partition(kp.tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(smem_k()),
@@ -131,7 +153,13 @@ struct FwdMma {
     auto const& q_pipe = mainloop.q_pipe;
     auto const& k_pipe = mainloop.k_pipe;
     auto const& v_pipe = mainloop.v_pipe;
-    const KeyMask& keys = mask.keys;
+    FwdMask<Traits> tile_mask = mask;  // varlen: set to each tile's sequence (set_sequence)
+    // A varlen tile's sequence (the mask's lengths, the epilogue's rows).
+    auto sequence = [&](const WorkTile& t) __attribute__((always_inline)) {
+      if constexpr (Traits::kVarlen) return t.sequence();
+      else return VarlenRows{};
+    };
+    const KeyMask& keys = tile_mask.keys;
 
     typename Traits::TiledMmaQK mma_qk;
     typename Traits::TiledMmaPV mma_pv;
@@ -156,7 +184,7 @@ struct FwdMma {
 
     // Ping-pong (d 96, 128): the two warpgroups issue their GEMMs in turns.
     constexpr bool kPingpong = Traits::kConfig.pingpong;
-    const WarpgroupTurns<kPingpong> turns{mask.wg};
+    const WarpgroupTurns<kPingpong> turns{tile_mask.wg};
     turns.start();
 
     // S and P live across main-loop steps: while the tensor cores compute the next block's S and
@@ -179,7 +207,7 @@ struct FwdMma {
     // last P V, where the next tile's first S needs it.
     WorkTile tile = scheduler.first();
     WorkTile next;
-    int n_top = 0;  // the first block this warpgroup computes in `tile` (mask.top_block)
+    int n_top = 0;  // the first block this warpgroup computes in `tile` (tile_mask.top_block)
 
     // Softcap an S accumulator, or the part of one that acc views (a no-op without a softcap).
     auto apply_softcap = [&](auto& acc) __attribute__((always_inline)) {
@@ -192,11 +220,11 @@ struct FwdMma {
     // tile_m0, and say how much O must shrink (rescale[]): FlashAttention-4's lazy rescale, a
     // row's maximum moves only when it grows by more than 2^8 (+1.4-6.7% at d 256). Returns false
     // where no row of this warp moved its maximum, so that O need not be touched. mask_block masks
-    // the scores where mask.needs_mask says they need one.
+    // the scores where tile_mask.needs_mask says they need one.
     auto scores_to_probs = [&](int tile_m0, int n_block, auto const& mask_block) __attribute__((always_inline)) {
       const int n0 = n_block * kBlockN;
       apply_softcap(acc_s);
-      if (mask.needs_mask(tile_m0, n0)) mask_block(tile_m0, n0);
+      if (tile_mask.needs_mask(tile_m0, n0)) mask_block(tile_m0, n0);
       return __any_sync(0xffffffff, softmax.rescale_scores_lazy(scores, rescale));
     };
     auto mask_whole = [&](int tile_m0, int n0) __attribute__((always_inline)) {
@@ -233,7 +261,7 @@ struct FwdMma {
     // The mask of a tile's first block (FwdMask::apply_first).
     auto mask_first = [&](int tile_m0, int n0) __attribute__((always_inline)) {
       Tensor scores_right = make_tensor(acc_s.data() + kHalf, scores_half.layout());  // ((2,MMA_M),(2,N/16,MMA_N))
-      mask.apply_first(scores, tScS_rc, scores_right, tScS_half_rc, tile_m0, n0);
+      tile_mask.apply_first(scores, tScS_rc, scores_right, tScS_half_rc, tile_m0, n0);
     };
     // A tile's first block, once its S has completed: the K stage is free, the probabilities go to
     // rP (O is still zero: nothing to rescale), and the block is counted. Where this warpgroup sees
@@ -242,7 +270,7 @@ struct FwdMma {
     auto first_probs = [&](int tile_m0, int n_block) __attribute__((always_inline)) {
       k_pipe.consumer_release(kv);
       if constexpr (kHalfFirst) {
-        if (mask.right_half_unseen(tile_m0, n_block)) {
+        if (tile_mask.right_half_unseen(tile_m0, n_block)) {
           apply_softcap(acc_s_half);
           keys.apply(scores_half, tScS_half_rc, tile_m0, n_block * kBlockN);
           softmax.rescale_scores_lazy(scores_half, rescale);
@@ -265,10 +293,13 @@ struct FwdMma {
       const int m0 = tile.m_block * kBlockM;
       clear(acc_o);
       if (!first_done) softmax = OnlineSoftmax<kRows>(scale_log2);
+      if constexpr (Traits::kVarlen) {
+        if (!first_done) tile_mask.set_sequence(sequence(tile));  // (the early path set it for its tile)
+      }
       // The first (last, possibly ragged) block this warpgroup computes: where the tile's first
       // probabilities are in rP already, the early path below chose it.
       if constexpr (kSkipUnseen) {
-        if (!first_done) n_top = mask.top_block(tile);
+        if (!first_done) n_top = tile_mask.top_block(tile);
       } else {
         n_top = tile.n_block_max - 1;
       }
@@ -349,6 +380,7 @@ struct FwdMma {
         bool early = false;
         if constexpr (kQStages == 2) early = !scheduler.done(next) && next.has_keys();
         if (early) {
+          if constexpr (Traits::kVarlen) tile_mask.set_sequence(sequence(next));
           // Its Q is in the other buffer; only the next S needs the next tile's Q and K, and acc_s
           // is free once P is converted. The next tile's blocks this warpgroup does not see go
           // back first, their K now and their V once this tile's last V is released: at most
@@ -357,7 +389,7 @@ struct FwdMma {
           // computed (and masked) as before.
           const KvState last = kv - 1;
           if constexpr (kSkipUnseen) {
-            n_top = max(mask.top_block(next), next.n_block_max - kStages);
+            n_top = max(tile_mask.top_block(next), next.n_block_max - kStages);
             for (int n = next.n_block_max - 1; n > n_top; --n, ++kv) k_pipe.consumer_skip(kv);
           } else {
             n_top = next.n_block_max - 1;
@@ -372,7 +404,7 @@ struct FwdMma {
           if constexpr (kSkipUnseen) {
             for (KvState s = last + 1; s.count < kv.count; ++s) v_pipe.consumer_skip(s);
           }
-          epilogue.store(tile, softmax, acc_o, -1);
+          epilogue.store(tile, sequence(tile), softmax, acc_o, -1);
           softmax = OnlineSoftmax<kRows>(scale_log2);
           warpgroup_wait<0>();
           first_probs(next.m_block * kBlockM, n_top);
@@ -382,19 +414,19 @@ struct FwdMma {
           turns.pass();
           warpgroup_wait<0>();
           if constexpr (Traits::kConfig.o_via_v) {
-            epilogue.store(tile, softmax, acc_o, (kv - 1).index());  // O staged in the last V buffer
+            epilogue.store(tile, sequence(tile), softmax, acc_o, (kv - 1).index());  // O staged in the last V buffer
             // This thread's shared-memory writes and reads (generic proxy) are ordered before the
             // TMA load (async proxy) that refills the buffer once the producer sees the release.
             cutlass::arch::fence_view_async_shared();
             v_pipe.consumer_release(kv - 1);
           } else {
             v_pipe.consumer_release(kv - 1);
-            epilogue.store(tile, softmax, acc_o, -1);
+            epilogue.store(tile, sequence(tile), softmax, acc_o, -1);
           }
           first_done = false;
         }
       } else {
-        epilogue.store(tile, softmax, acc_o, -1);  // no key visible: O = 0, lse = -inf
+        epilogue.store(tile, sequence(tile), softmax, acc_o, -1);  // no key visible: O = 0, lse = -inf
         first_done = false;
         next = scheduler.next(tile);
       }

@@ -5,6 +5,7 @@
 // a mask, and the causal diagonal's special cases (blocks no row of it sees, a first block of which
 // it sees only the left half, or all of the left half). One type for every mask (causal, sliding
 // windows, ragged seqlen_k): the bounds are runtime values, so one kernel per head dim serves them.
+// A varlen kernel's consumers reset the lengths at each tile (set_sequence).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -27,9 +28,16 @@ struct FwdMask {
   // its left half (+6.8% at d 64 causal 1k).
   static constexpr bool kHalfFirst = kBlockN == 128;
 
-  const KeyMask& keys;
+  KeyMask keys;
   int seqlen_q;
   int wg;  // the consumer warpgroup: rows [64 wg, 64 wg + 64) of a tile
+
+  // A varlen tile's mask: its sequence's lengths (the window stays the call's).
+  CUTE_DEVICE void set_sequence(const VarlenRows& seq) {
+    keys.seqlen_k = seq.seqlen_k;
+    keys.offset = seq.seqlen_k - seq.seqlen_q;
+    seqlen_q = seq.seqlen_q;
+  }
 
   // One past the last key any row of this warpgroup sees, in the tile at row tile_m0.
   CUTE_DEVICE int key_end(int tile_m0) const { return keys.key_end(cute::min(tile_m0 + 64 * wg + 63, seqlen_q - 1)); }

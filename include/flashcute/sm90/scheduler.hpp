@@ -127,12 +127,16 @@ struct TileSchedule {
 };
 
 // A tile as the kernel works on it: its position in the walk, its (m_block, head, batch), and the
-// key blocks any of its rows sees, [n_block_min, n_block_max) (none: O = 0, lse = -inf).
+// key blocks any of its rows sees, [n_block_min, n_block_max) (none: O = 0, lse = -inf). A varlen
+// kernel's tiles also carry their sequence (TileScheduler::rows), decoded with the tile (read
+// again where used instead, at the epilogue, d 256 spilled).
 struct WorkTile {
   unsigned u, j;  // the walk's position (TileSchedule)
   bool valid;     // whether the position holds a tile
   int m_block, head, batch, n_block_min, n_block_max;
+  int q_start = 0, k_start = 0, seqlen_q = 0, seqlen_k = 0;  // varlen only
   CUTE_HOST_DEVICE bool has_keys() const { return n_block_max > n_block_min; }
+  CUTE_HOST_DEVICE VarlenRows sequence() const { return {q_start, k_start, seqlen_q, seqlen_k}; }
 };
 
 // The walk of one CTA (cta of ctas: blockIdx.x of gridDim.x in the kernel), its tiles in order,
@@ -141,7 +145,7 @@ struct WorkTile {
 // 32-bit arithmetic (sm90_can_run keeps the unit count below 2^31): a 64-bit division is a long
 // software routine, and every CTA decodes its first tile before its first load. The walk ends at
 // a position (u >= end), not at a flag: ptxas then proves every loop over the tiles warp-uniform.
-template <int kBlockM, int kBlockN>
+template <int kBlockM, int kBlockN, bool kVarlen = false>
 struct TileScheduler {
   const TileSchedule& walk;
   const FwdParams& params;
@@ -200,10 +204,31 @@ struct TileScheduler {
     tile.valid = w.valid;
     tile.m_block = w.m_block;
     div_heads(tile.batch, tile.head, int(w.hb));
-    const KeyMask::Blocks blocks = keys.key_blocks(tile.m_block * kBlockM, kBlockM, params.seqlen_q, kBlockN);
+    KeyMask::Blocks blocks;
+    if constexpr (kVarlen) {
+      // The walk covers the longest sequence's query tiles; a shorter one's last ones hold none.
+      const VarlenRows seq = rows(tile.batch);
+      tile.q_start = seq.q_start, tile.k_start = seq.k_start, tile.seqlen_q = seq.seqlen_q, tile.seqlen_k = seq.seqlen_k;
+      tile.valid = tile.valid && tile.m_block * kBlockM < seq.seqlen_q;
+      blocks = sequence_keys(seq).key_blocks(tile.m_block * kBlockM, kBlockM, seq.seqlen_q, kBlockN);
+    } else {
+      blocks = keys.key_blocks(tile.m_block * kBlockM, kBlockM, params.seqlen_q, kBlockN);
+    }
     tile.n_block_min = blocks.first;
     tile.n_block_max = blocks.last;
     return tile;
+  }
+
+  // Varlen: sequence b's rows and lengths, capped at the call's maxima (which size the walk).
+  CUTE_HOST_DEVICE VarlenRows rows(int b) const {
+    VarlenRows r = varlen_rows(params.cu_seqlens_q, params.cu_seqlens_k, params.total_q, params.total_k, b);
+    r.seqlen_q = cute::min(r.seqlen_q, params.seqlen_q);
+    r.seqlen_k = cute::min(r.seqlen_k, params.seqlen_k);
+    return r;
+  }
+  // The keys a varlen sequence's rows see: the call's window, the sequence's lengths.
+  CUTE_HOST_DEVICE KeyMask sequence_keys(const VarlenRows& seq) const {
+    return KeyMask{seq.seqlen_k, seq.seqlen_k - seq.seqlen_q, keys.window_left, keys.window_right};
   }
 };
 

@@ -73,12 +73,15 @@ constexpr auto gmma_smem_atom() {
   }
 }
 
-template <DType kDType, FwdConfig kCfg>
+// kVarlen: the kernel of a variable-length batch (cu_seqlens): each tile reads its sequence's
+// rows and lengths (WorkTile), the TMA tensors are one batch of total_q / total_k rows.
+template <DType kDType, FwdConfig kCfg, bool kVarlen_ = false>
 struct FwdTraits {
   static_assert(validate(kCfg) == nullptr, "invalid sm90 FwdConfig: see flashcute::sm90::validate");
   using Element = typename ElementOf<kDType>::type;
 
   static constexpr FwdConfig kConfig = kCfg;
+  static constexpr bool kVarlen = kVarlen_;
   static constexpr int kBlockM = kCfg.block_m;
   static constexpr int kBlockN = kCfg.block_n;
   static constexpr int kHeadDim = kCfg.head_dim;

@@ -4,7 +4,10 @@
 
 The lengths are drawn log-uniformly from ``--min-len`` to ``--max-len`` (seeded) until
 ``--tokens`` tokens, or all ``--equal`` long (then the padded call is the plain fixed-length call
-on the same work); bf16, causal unless ``--no-causal``. ``--pass bwd`` times the backward instead
+on the same work); bf16, causal unless ``--no-causal``. The varlen call is timed on each forward
+path of ``--paths`` (``FLASHCUTE_FORWARD_PATH``: sm90, the Hopper kernels where the GPU has them,
+and sm80); the padded call and ``fixed``, a fixed-length call of the batch's mean length over the
+same number of tokens, on the default path. ``--pass bwd`` times the backward instead
 (``torch.autograd.grad`` of the output, the forward run once). Useful TFLOP/s counts only the real
 tokens, FlashAttention's way: 4 * H * D * L^2 (/ 2 causal) a sequence of length L, times 2.5 for
 the backward. The padded call computes the padding too (its rows are masked in nothing but cost
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
+import os
 import random
 import statistics
 import sys
@@ -44,7 +48,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--equal", type=int, default=0, help="every sequence this long (instead of random lengths)")
     p.add_argument("--no-causal", dest="causal", action="store_false")
     p.add_argument("--pass", dest="pass_", choices=("fwd", "bwd"), default="fwd")
+    p.add_argument("--paths", default="sm90,sm80", help="forward paths to time the varlen call on (default sm90,sm80)")
     a = p.parse_args(argv)
+    paths = [x for x in a.paths.split(",") if x]
+    if not paths or any(x not in ("sm90", "sm80") for x in paths):
+        p.error(f"--paths: expected sm90 and/or sm80, comma-separated, got {a.paths!r}")
     try:
         lib = TorchLib.load()
     except Exception as exc:
@@ -64,9 +72,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"# {PROG}: {torch.cuda.get_device_name()}, bf16, {'causal' if a.causal else 'no mask'}, {a.pass_}, "
           f"heads {h}:{hk}; {len(lens)} sequences of {drawn}: {total} tokens, padded to "
           f"{len(lens)} x {longest} = {len(lens) * longest}")
-    print(f"# {PROG}: {how.method(flush_nbytes)}")
-    print("headdim | varlen ms  TFLOP/s | padded ms  TFLOP/s | varlen/padded speed")
+    mean = round(total / len(lens))
+    fixed_batch = max(1, round(total / mean))
+    print(f"# {PROG}: {how.method(flush_nbytes)}; fixed: {fixed_batch} x {mean} tokens")
+    print("headdim | " + " | ".join(f"varlen {x} ms  TFLOP/s" for x in paths) +
+          " | padded ms  TFLOP/s | fixed ms  TFLOP/s | " + " | ".join(f"{x}/padded {x}/fixed" for x in paths))
     cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32, device="cuda")
+    default_path = os.environ.get("FLASHCUTE_FORWARD_PATH")
+
+    def on_path(path, f):
+        """f with FLASHCUTE_FORWARD_PATH set to path (None: as the environment had it)."""
+        def call():
+            if path is None:
+                os.environ.pop("FLASHCUTE_FORWARD_PATH", None)
+            else:
+                os.environ["FLASHCUTE_FORWARD_PATH"] = path
+            return f()
+        return call
+
     for d in (int(x) for x in a.headdims.split(",")):
         flops = sum(4 * h * d * n * n / (2 if a.causal else 1) for n in lens) * (2.5 if a.pass_ == "bwd" else 1)
         q = torch.randn(total, h, d, device="cuda", dtype=torch.bfloat16)
@@ -79,16 +102,32 @@ def main(argv: Sequence[str] | None = None) -> int:
             s = int(cu[i])
             qp[i, longest - n:], kp[i, longest - n:], vp[i, longest - n:] = q[s:s + n], k[s:s + n], v[s:s + n]
 
-        varlen = lambda: flashcute.flash_attn_varlen_func(q, k, v, cu, cu, longest, longest, causal=a.causal)  # noqa: E731
-        padded = lambda: flashcute.flash_attn_func(qp, kp, vp, causal=a.causal)  # noqa: E731
-        if a.pass_ == "bwd":
-            varlen, padded = (_backward(torch, f, x) for f, x in ((varlen, (q, k, v)), (padded, (qp, kp, vp))))
-        timed = time_subjects(lib, [Subject("varlen", [varlen]), Subject("padded", [padded])], how, flush)
+        qf = torch.randn(fixed_batch, mean, h, d, device="cuda", dtype=torch.bfloat16)
+        kf = torch.randn(fixed_batch, mean, hk, d, device="cuda", dtype=torch.bfloat16)
+        vf = torch.randn_like(kf)
+        fixed_flops = fixed_batch * 4 * h * d * mean * mean / (2 if a.causal else 1) * (2.5 if a.pass_ == "bwd" else 1)
+
+        calls = {}
+        for path in paths:
+            calls[f"varlen {path}"] = (on_path(path, lambda: flashcute.flash_attn_varlen_func(
+                q, k, v, cu, cu, longest, longest, causal=a.causal)), (q, k, v))
+        calls["padded"] = (on_path(default_path, lambda: flashcute.flash_attn_func(qp, kp, vp, causal=a.causal)),
+                           (qp, kp, vp))
+        calls["fixed"] = (on_path(default_path, lambda: flashcute.flash_attn_func(qf, kf, vf, causal=a.causal)),
+                          (qf, kf, vf))
+        subjects = []
+        for name, (f, inputs) in calls.items():
+            subjects.append(Subject(name, [_backward(torch, f, inputs) if a.pass_ == "bwd" else f]))
+        timed = time_subjects(lib, subjects, how, flush)
+        on_path(default_path, lambda: None)()
         if timed.errors:
             raise next(iter(timed.errors.values()))
-        t_var, t_pad = (statistics.median(timed.times_ms[name]) for name in ("varlen", "padded"))
-        print(f"{d:7d} | {t_var:9.3f} {flops / t_var / 1e9:8.1f} | {t_pad:9.3f} {flops / t_pad / 1e9:8.1f} | "
-              f"{t_pad / t_var:.2f}x", flush=True)
+        t = {name: statistics.median(timed.times_ms[name]) for name in calls}
+        speed = {name: (fixed_flops if name == "fixed" else flops) / t[name] / 1e9 for name in calls}
+        cols = [f"{t[f'varlen {x}']:9.3f} {speed[f'varlen {x}']:8.1f}" for x in paths]
+        cols += [f"{t['padded']:9.3f} {speed['padded']:8.1f}", f"{t['fixed']:9.3f} {speed['fixed']:8.1f}"]
+        cols += [f"{t['padded'] / t[f'varlen {x}']:.2f}x {speed[f'varlen {x}'] / speed['fixed']:.2f}x" for x in paths]
+        print(f"{d:7d} | " + " | ".join(cols), flush=True)
     return 0
 
 
