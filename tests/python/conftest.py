@@ -109,36 +109,27 @@ def require_kernel():
     return _require_kernel
 
 
+def _sm90_why_not(torch, direction: str, head_dim: int, dtype: str) -> str:
+    """'' when the sm90 kernels of `direction` ("fwd" / "bwd") take head_dim and dtype on this GPU
+    and build, else why not."""
+    import flashcute
+
+    what = {"fwd": "forward", "bwd": "backward"}[direction]
+    if torch.cuda.get_device_capability() != (9, 0):
+        return f"the sm90 {what} runs on compute capability 9.0 only, this GPU is {torch.cuda.get_device_capability()}"
+    if not any(k[:3] == ("sm90", direction, dtype) and k[3] >= head_dim for k in flashcute.compiled_kernels()):
+        return f"this build has no sm90 {what} kernel for {dtype} head dim {head_dim}"
+    return ""
+
+
 @pytest.fixture(scope="session")
 def sm90_bwd_why_not(torch):
     """sm90_bwd_why_not(head_dim, dtype): '' when the sm90 backward takes that head dim and dtype
     ("float16" / "bfloat16") on this GPU and build, else why not."""
-    import flashcute
-
-    def why_not(head_dim: int, dtype: str) -> str:
-        if torch.cuda.get_device_capability() != (9, 0):
-            return ("the sm90 backward runs on compute capability 9.0 only, this GPU is "
-                    f"{torch.cuda.get_device_capability()}")
-        if not any(k[:3] == ("sm90", "bwd", dtype) and k[3] >= head_dim for k in flashcute.compiled_kernels()):
-            return f"this build has no sm90 backward kernel for {dtype} head dim {head_dim}"
-        return ""
-
-    return why_not
+    return lambda head_dim, dtype: _sm90_why_not(torch, "bwd", head_dim, dtype)
 
 
 @pytest.fixture(scope="session")
 def sm90_fwd_why_not(torch):
-    """sm90_fwd_why_not(head_dim, dtype): '' when the sm90 forward takes that head dim and dtype
-    ("float16" / "bfloat16") on this GPU and build, else why not."""
-    import flashcute
-
-    def why_not(head_dim: int, dtype: str) -> str:
-        if torch.cuda.get_device_capability() != (9, 0):
-            return ("the sm90 forward runs on compute capability 9.0 only, this GPU is "
-                    f"{torch.cuda.get_device_capability()}")
-        kd = flashcute.kernel_head_dim(head_dim)
-        if ("sm90", "fwd", dtype, kd) not in flashcute.compiled_kernels():
-            return f"this build has no sm90 forward kernel for {dtype} head dim {head_dim}"
-        return ""
-
-    return why_not
+    """sm90_fwd_why_not(head_dim, dtype): the same for the sm90 forward."""
+    return lambda head_dim, dtype: _sm90_why_not(torch, "fwd", head_dim, dtype)
