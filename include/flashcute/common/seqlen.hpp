@@ -22,8 +22,8 @@ CUTE_HOST_DEVICE int clamped_row(const int* cu_seqlens, int b, int lo, int total
   return r < lo ? lo : (r > total ? total : r);
 }
 
-// Sequence b of a varlen batch, from its cu_seqlens (either array may be a copy in shared
-// memory): its first rows and its lengths, clamped into [0, total] (a decreasing pair gives 0).
+// Sequence b of a varlen batch, from its cu_seqlens: its first rows and its lengths, clamped
+// into [0, total] (a decreasing pair gives 0). FwdSeqlen and the sm90 varlen walk read it here.
 struct VarlenRows {
   int q_start, k_start, seqlen_q, seqlen_k;
 };
