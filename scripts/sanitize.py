@@ -193,7 +193,7 @@ class KvCase:
     append: bool = True
     causal: bool = False
     num_splits: int = 0
-    garbage: bool = False  # out-of-range pages and cache lengths: only the sanitizer's verdict counts
+    garbage: bool = False  # out-of-range pages and cache lengths: the sanitizer's verdict, and NaN where it belongs
 
     def describe(self) -> str:
         return (f"b{self.batch} sq{self.seqlen_q} h{self.nheads}/{self.nheads_k} d{self.headdim} cap{self.capacity} "
@@ -234,8 +234,9 @@ def run_kvcache(case: KvCase, dtype: torch.dtype, seed: int) -> tuple[bool, str]
                                                  block_table=dev[5], causal=case.causal, num_splits=case.num_splits,
                                                  return_lse=True)
     torch.cuda.synchronize()
-    if case.garbage:
-        return bool(torch.isfinite(out).all()), "ran with out-of-range pages and lengths; out finite"
+    if case.garbage:  # sequence 0 has no keys (out 0); sequence 1 sees all 128, its last page out of range
+        ok = bool((out[0] == 0).all()) and bool(torch.isnan(out[1]).all()) and bool(torch.isnan(lse[1]).all())
+        return ok, "ran with out-of-range pages and lengths; NaN exactly where a row sees a bad page"
     kc2, vc2 = dev[1].cpu(), dev[2].cpu()
     if case.page:  # each sequence's keys in order, through its pages
         logical = (kc2[table.long()].reshape(b, -1, hk, d), vc2[table.long()].reshape(b, -1, hk, d))

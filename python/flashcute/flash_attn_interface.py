@@ -378,9 +378,11 @@ def flash_attn_with_kvcache(
             already in each entry's cache. Never read on the host (CUDA-graph capturable). None:
             the whole cache. Values are clamped into [0, capacity].
         block_table: int32 (batch, max_num_blocks_per_seq) on q's device: page ``j`` of entry ``b`` is
-            ``k_cache[block_table[b, j]]``. Entries out of [0, num_blocks) are clamped into it, so
-            a wrong table gives wrong results but never a read or write outside the cache; they
-            are not checked, as that would need a host read.
+            ``k_cache[block_table[b, j]]``. Entries are not checked on the host (that would need a
+            host read). A key on a page outside [0, num_blocks) is never read or written (the
+            append drops it): the query rows that see it get NaN in out and lse, the others are
+            unaffected. Entries past a sequence's keys are never read, so they may hold anything
+            (-1 padding, say).
         softmax_scale, causal, window_size, softcap: as in :func:`flash_attn_func`.
         num_splits: 0 chooses; 1 never splits; n > 1 splits the keys n ways (at most 128).
         rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, alibi_slopes: FlashAttention-2

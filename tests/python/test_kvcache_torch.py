@@ -4,7 +4,8 @@ to 32:1, num_splits 1, chosen and forced; each batch entry checked against the f
 with FlashAttention's rule (flashcute.testing); outputs poisoned with NaN inside guards; the cache
 checked row by row after the append; cache_seqlens and block_table never read on the host (a
 decode step captured in a CUDA graph, replayed with new lengths) and never able to move a kernel
-outside the cache. The argument errors at the end need no GPU.
+outside the cache: a page number out of range gives NaN to the rows that see it, table slots no
+query sees may hold anything. The argument errors at the end need no GPU.
 """
 
 from __future__ import annotations
@@ -223,23 +224,102 @@ def test_cuda_graph_decode_step(torch):
 
 
 @pytest.mark.gpu
-def test_garbage_indices_stay_inside_the_cache(torch):
-    """Page numbers out of range and negative or huge cache_seqlens are clamped on the device: no
-    fault, no write outside the cache (guard pages) or out; compute-sanitizer checks the reads."""
+def test_garbage_cache_seqlens_stay_inside_the_cache(torch):
+    """Negative or huge cache_seqlens are clamped on the device: no fault, no write outside the
+    cache (guard pages) or out, finite results; compute-sanitizer checks the reads."""
     _require_kvcache("bfloat16", 64)
     c = Case(3, 1, 4, 2, 64, 256, page=16, new=1)
     cache, q, kn, g = _step_inputs(torch, c, seed=9)
-    bad_table = cache.block_table.clone()
-    bad_table[0, 0] = -7
-    bad_table[1, 3] = 1 << 30
-    bad_table[2] = cache.num_pages
     for lens in ([-5, 1 << 30, 255], [0, 256, (1 << 31) - 1]):
         seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
         out = flashcute.flash_attn_with_kvcache(q, cache.k_cache, cache.v_cache, kn, kn, cache_seqlens=seqlens,
-                                               block_table=bad_table, num_splits=0)
+                                               block_table=cache.block_table, num_splits=0)
         torch.cuda.synchronize()
         assert cache.guards_intact()
-        assert torch.isfinite(out).all()
+        assert torch.isfinite(out).all(), lens
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("bad", [-1, "num_pages", 1 << 30], ids=["negative", "num_pages", "huge"])
+def test_bad_page_gives_nan_rows(torch, bad, num_splits):
+    """A block_table entry outside [0, num_pages) is never read or written: the query rows that see
+    a key on it are NaN (out and lse), every other row is finite and right, the append drops the
+    keys that land on it, and nothing outside the cache is touched. Causal, 4 queries, 256-key
+    blocks: entry 0's bad page is in its first block, entry 2's holds its last two keys (seen by
+    queries 2 and 3 only), entry 3 has one key block (with 3 splits, the only split that has keys
+    is NaN), entry 1 is untouched."""
+    _require_kvcache("bfloat16", 64)
+    c = Case(4, 4, 4, 2, 64, 640, page=16, new=4, causal=True, num_splits=num_splits)
+    g = torch.Generator(device="cuda").manual_seed(21)
+    cache = Cache(torch, c, torch.bfloat16, g)
+    q = torch.randn(c.b, c.sq, c.h, c.d, device="cuda", generator=g).bfloat16()
+    kn = torch.randn(c.b, c.new, c.hk, c.d, device="cuda", generator=g).bfloat16()
+    vn = torch.randn(c.b, c.new, c.hk, c.d, device="cuda", generator=g).bfloat16()
+    bad = cache.num_pages if bad == "num_pages" else bad
+    lens = [596, 300, 78, 16]  # keys 600, 304, 82 and 20 after the append
+    table = cache.block_table.clone()
+    table[0, 2], table[2, 5], table[3, 0] = bad, bad, bad  # keys 32-47, 80-95 and 0-15
+    nan_rows = {0: range(4), 2: range(2, 4), 3: range(4)}  # causal: query i sees keys < keys - 3 + i
+    exp_k, exp_v = cache.k_cache.clone(), cache.v_cache.clone()
+    for b, n in enumerate(lens):  # the append, where the table is valid
+        for i in range(c.new):
+            page = int(table[b, (n + i) // c.page])
+            if 0 <= page < cache.num_pages:
+                exp_k[page, (n + i) % c.page], exp_v[page, (n + i) % c.page] = kn[b, i], vn[b, i]
+    seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    out, lse = flashcute.flash_attn_with_kvcache(q, cache.k_cache, cache.v_cache, kn, vn, cache_seqlens=seqlens,
+                                                 block_table=table, num_splits=num_splits, return_lse=True,
+                                                 **c.options())
+    torch.cuda.synchronize()
+    assert cache.guards_intact(), "a guard page of the cache was written"
+    assert torch.equal(cache.k_cache, exp_k) and torch.equal(cache.v_cache, exp_v), "the append left its pages"
+    ks, vs = cache.logical(cache.k_cache), cache.logical(cache.v_cache)  # through the valid table
+    for b, n in enumerate(lens):
+        keys, bad_rows = n + c.new, list(nan_rows.get(b, ()))
+        good_rows = [i for i in range(c.sq) if i not in bad_rows]
+        assert torch.isnan(out[b, bad_rows]).all() and torch.isnan(lse[b, :, bad_rows]).all(), (b, bad_rows)
+        assert torch.isfinite(out[b, good_rows]).all() and torch.isfinite(lse[b, :, good_rows]).all(), b
+        if good_rows:  # the first rows, with the keys they see: the same causal alignment
+            rows, seen = len(good_rows), keys - (c.sq - len(good_rows))
+            check = check_attention(out[b:b + 1, :rows], q[b:b + 1, :rows], ks[b:b + 1, :seen], vs[b:b + 1, :seen],
+                                    lse=lse[b:b + 1, :, :rows], **c.options())
+            assert check.ok, (b, check.message)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("window", [(-1, -1), (100, 0)], ids=["past-the-length", "and-before-the-window"])
+def test_table_slots_no_query_sees_may_hold_anything(torch, window):
+    """-1 padding (FlashInfer's and vLLM's) in the table slots past each sequence's keys, and, with a
+    window, in the slots wholly before it, changes nothing: the same out, bit for bit, as the
+    valid table, finite and right."""
+    _require_kvcache("bfloat16", 64)
+    c = Case(3, 1, 8, 2, 64, 1024, page=16, new=1, window=window)
+    cache, q, kn, g = _step_inputs(torch, c, seed=13)
+    vn = torch.randn_like(kn)
+    lens = [1000, 37, 600]
+    padded = cache.block_table.clone()
+    for b, n in enumerate(lens):
+        keys = n + c.new
+        padded[b, -(-keys // c.page):] = -1
+        if window[0] >= 0:  # the slots whose last key is before the first one the query sees
+            padded[b, :max(0, keys - 1 - window[0]) // c.page] = -1
+    k_copy, v_copy = cache.k_cache.clone(), cache.v_cache.clone()
+    seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    want = flashcute.flash_attn_with_kvcache(q, k_copy, v_copy, kn, vn, cache_seqlens=seqlens,
+                                             block_table=cache.block_table, **c.options())
+    out, lse = flashcute.flash_attn_with_kvcache(q, cache.k_cache, cache.v_cache, kn, vn, cache_seqlens=seqlens,
+                                                 block_table=padded, return_lse=True, **c.options())
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+    assert torch.equal(out, want)
+    assert torch.equal(cache.k_cache, k_copy) and torch.equal(cache.v_cache, v_copy) and cache.guards_intact()
+    ks, vs = cache.logical(cache.k_cache), cache.logical(cache.v_cache)
+    for b, n in enumerate(lens):
+        keys = n + c.new
+        check = check_attention(out[b:b + 1], q[b:b + 1], ks[b:b + 1, :keys], vs[b:b + 1, :keys],
+                                lse=lse[b:b + 1], **c.options())
+        assert check.ok, (b, check.message)
 
 
 @pytest.mark.gpu

@@ -67,8 +67,9 @@ struct FwdParams {
   const int* cache_seqlens = nullptr;
   int seqlen_new = 0;  // keys appended at cache_seqlens[b] before attending (the append kernel)
   // Paged: k and v are (num_pages, page_size, nheads_k, head_dim), k/v_batch_stride step between
-  // pages, and key j of entry b is row j % page_size of page block_table[b][j / page_size]. An
-  // entry outside [0, num_pages) is clamped into it: a kernel never leaves the cache.
+  // pages, and key j of entry b is row j % page_size of page block_table[b][j / page_size]. A key
+  // on an entry outside [0, num_pages) is never read or written, so a kernel never leaves the
+  // cache: the query rows that see it get NaN out and lse. Entries past the keys in use are not read.
   const int* block_table = nullptr;
   int64_t block_table_batch_stride = 0;
   int max_pages_per_seq = 0;  // block_table's second dim

@@ -87,18 +87,16 @@ struct PagedKv {
         num_pages(p.num_pages),
         log2(p.page_size_log2) {}
 
-  // The page holding key `key` (>= 0): both the table index and the page it holds are clamped
-  // into their arrays, whatever the table says.
-  CUTE_DEVICE int page_of(int key) const {
-    const int index = cute::min(key >> log2, max_pages - 1);
-    return cute::min(cute::max(table[index], 0), num_pages - 1);
-  }
-  // Element offset of key `key`, on page `page`, in a cache whose pages are page_stride apart.
+  // The page holding key `key` (>= 0), as the table says: the index is clamped into the table,
+  // the entry is not (valid() tells).
+  CUTE_DEVICE int page_of(int key) const { return table[cute::min(key >> log2, max_pages - 1)]; }
+  // Whether `page` is in the cache. A key on a page outside it is never read or written: the
+  // attention gives the rows that see it NaN, the append drops it.
+  CUTE_HOST_DEVICE bool valid(int page) const { return page >= 0 && page < num_pages; }
+  // Element offset of key `key`, on page `page`, in a cache whose pages are page_stride apart. An
+  // invalid page gives page 0's, so no address outside the cache is ever formed.
   CUTE_DEVICE int64_t offset(int page, int key, int64_t page_stride, int64_t row_stride) const {
-    return page * page_stride + (key & ((1 << log2) - 1)) * row_stride;
-  }
-  CUTE_DEVICE int64_t row_offset(int key, int64_t page_stride, int64_t row_stride) const {
-    return offset(page_of(key), key, page_stride, row_stride);
+    return (valid(page) ? page : 0) * page_stride + (key & ((1 << log2) - 1)) * row_stride;
   }
 };
 

@@ -27,10 +27,11 @@ struct VarlenArgs {
 // A call over a KV cache, as FlashAttention-2's flash_attn_with_kvcache takes it. FwdArgs' k and
 // v are then the caches: (batch, seqlen_cache, nheads_k, head_dim), or paged (num_pages,
 // page_size, nheads_k, head_dim) with a block_table. They are written in place when k_new and
-// v_new are given. cache_seqlens and block_table are device memory, never read on the host: the
-// kernels clamp what they hold into the cache (common/seqlen.hpp), and what cannot be checked
-// without reading them (an entry past the capacity, a page number out of range) is clamped, not
-// reported.
+// v_new are given. cache_seqlens and block_table are device memory, never read on the host, so
+// what cannot be checked without reading them is handled on the device (common/seqlen.hpp): a
+// length past the capacity is clamped; a key on a page outside [0, num_pages) is never read or
+// written, and the query rows that see it get NaN (out and lse). Table entries past a sequence's
+// length are never read.
 struct KvcacheArgs {
   std::optional<TensorRef> cache_seqlens;  // int32 (batch,): keys in each entry's cache; absent: all
   std::optional<TensorRef> block_table;    // int32 (batch, max_pages_per_seq): a paged cache

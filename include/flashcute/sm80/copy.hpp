@@ -36,26 +36,41 @@ CUTE_DEVICE void load_tile(TiledCopy const& tiled_copy, SrcTensor const& src, Ds
   }
 }
 
+// Where load_tile_gather finds one row: the element offset to add to its page-free address, and
+// whether it may be read at all (false: its page is not in the cache).
+struct GatherRow {
+  int64_t shift;
+  bool ok;
+};
+
 // load_tile for a tile whose rows are not evenly spaced in memory (a paged KV cache). src is the
-// partition of the tile as if its rows were contiguous from the page-free base; row_shift(m, r)
-// gives, for the thread's m-th row (tile row r), the element offset to add to that address to
-// reach the row's real place. Called once per row, only for the rows that are loaded.
-template <bool kCheckRows, class TiledCopy, class SrcTensor, class DstTensor, class CoordTensor, class RowShift>
+// partition of the tile as if its rows were contiguous from the page-free base; row_at(m, r)
+// gives the GatherRow of the thread's m-th row (tile row r). Called once per row, only for the
+// rows that are loaded. A row that may not be read issues no cp.async: kNanBad (a K tile) fills
+// it with NaN, so every score that sees it is NaN; otherwise (a V tile) it is zero-filled.
+template <bool kCheckRows, bool kNanBad, class TiledCopy, class SrcTensor, class DstTensor, class CoordTensor,
+          class RowAt>
 CUTE_DEVICE void load_tile_gather(TiledCopy const& tiled_copy, SrcTensor const& src, DstTensor&& dst,
-                                  CoordTensor const& coord, RowShift const& row_shift, int max_rows, int max_cols) {
+                                  CoordTensor const& coord, RowAt const& row_at, int max_rows, int max_cols) {
   CUTE_STATIC_ASSERT_V(cute::rank(src) == cute::Int<3>{});
   CUTE_STATIC_ASSERT_V(cute::size<1>(src) == cute::size<1>(dst));
   CUTE_STATIC_ASSERT_V(cute::size<2>(src) == cute::size<2>(dst));
+  static_assert(sizeof(typename std::decay_t<DstTensor>::value_type) == 2, "the NaN fill is for 16-bit types");
+  constexpr uint64_t kNan = 0x7fff7fff7fff7fffull;  // 0x7fff: a quiet NaN in fp16 and in bf16
   CUTE_UNROLL
   for (int m = 0; m < cute::size<1>(src); ++m) {
     const int row = cute::get<0>(coord(0, m, 0));
-    const bool row_ok = !kCheckRows || row < max_rows;
-    const int64_t shift = row_ok ? row_shift(m, row) : 0;  // a row past the end is never looked up
+    const bool row_in = !kCheckRows || row < max_rows;
+    const GatherRow at = row_in ? row_at(m, row) : GatherRow{0, true};  // a row past the end is never looked up
     CUTE_UNROLL
     for (int k = 0; k < cute::size<2>(src); ++k) {
-      const bool ok = row_ok && cute::get<1>(coord(0, m, k)) < max_cols;
+      if (kNanBad && !at.ok) {  // plain stores: the barrier before every read of the tile publishes them
+        cute::fill(cute::recast<cute::uint128_t>(dst(cute::_, m, k)), cute::uint128_t(kNan, kNan));
+        continue;
+      }
+      const bool ok = row_in && at.ok && cute::get<1>(coord(0, m, k)) < max_cols;
       auto chunk = src(cute::_, m, k);
-      cute::copy(tiled_copy.with(ok), cute::make_tensor(chunk.data() + shift, chunk.layout()), dst(cute::_, m, k));
+      cute::copy(tiled_copy.with(ok), cute::make_tensor(chunk.data() + at.shift, chunk.layout()), dst(cute::_, m, k));
     }
   }
 }

@@ -125,22 +125,27 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
   // K and V block loads. A paged cache (KV-cache kernel only) gathers each row from its page:
   // row r of block n is key n * kBlockN + r, at its page's offset instead of r * row_stride. A K
   // load looks the pages of its rows up in the block table; the V load of the same block, which
-  // the KV-cache kernel always issues right after it, reuses them from row_page.
+  // the KV-cache kernel always issues right after it, reuses them from row_page. A row on a page
+  // outside the cache is not read: its K row is NaN, so exactly the query rows that see the key
+  // get NaN scores (the mask overwrites the others with -inf), and its V row is zero, so P = 0
+  // keeps the rows that do not see it finite.
   const bool paged = Traits::kSplitKv && params.block_table != nullptr;
   const PagedKv pages(params, batch);  // read only when paged
   int row_page[decltype(size<1>(tKVcKV))::value];  // the page of each row this thread loads
   auto load_kv = [&](auto& tXgX, auto& tXsX, int n_block, auto check_rows_tag, int max_rows, int64_t page_stride,
-                     int64_t row_stride, auto lookup_tag) FLASHCUTE_INLINE {
+                     int64_t row_stride, auto is_k_tag) FLASHCUTE_INLINE {
     constexpr bool kCheckRows = decltype(check_rows_tag)::value;
+    constexpr bool kIsK = decltype(is_k_tag)::value;  // K: look the pages up, NaN-fill bad rows
     if constexpr (Traits::kSplitKv) {
       if (paged) {
-        auto row_shift = [&](int m, int r) {
+        auto row_at = [&](int m, int r) {
           const int key = n_block * kBlockN + r;
-          if constexpr (decltype(lookup_tag)::value) row_page[m] = pages.page_of(key);
-          return pages.offset(row_page[m], key, page_stride, row_stride) - r * row_stride;
+          if constexpr (kIsK) row_page[m] = pages.page_of(key);
+          return GatherRow{pages.offset(row_page[m], key, page_stride, row_stride) - r * row_stride,
+                           pages.valid(row_page[m])};
         };
-        load_tile_gather<kCheckRows>(gmem_tiled_copy, tXgX(_, _, _, 0), tXsX, tKVcKV, row_shift, max_rows,
-                                     params.head_dim);
+        load_tile_gather<kCheckRows, kIsK>(gmem_tiled_copy, tXgX(_, _, _, 0), tXsX, tKVcKV, row_at, max_rows,
+                                           params.head_dim);
         return;
       }
     }

@@ -33,7 +33,8 @@ constexpr int kWarpsPerCta = 8;
 
 // One warp per new row (b, i, kv head); each lane moves 16-byte chunks (8 elements of a 2-byte
 // dtype, so the kernel does not depend on which one). The destination row is cache_seqlens[b] + i;
-// one outside [0, seqlen_k) is dropped, so no value of cache_seqlens moves a write off the cache.
+// one outside [0, seqlen_k), or on a page outside the cache, is dropped, so no value of
+// cache_seqlens or block_table moves a write off the cache.
 __global__ void __launch_bounds__(32 * kWarpsPerCta)
     append_kv_kernel(__grid_constant__ const FwdParams p, __grid_constant__ const AppendKvParams a) {
   const int64_t rows = int64_t(p.batch) * p.seqlen_new * p.nheads_k;
@@ -47,8 +48,10 @@ __global__ void __launch_bounds__(32 * kWarpsPerCta)
   int64_t k_row, v_row;
   if (p.block_table != nullptr) {
     const PagedKv pages(p, b);
-    k_row = pages.row_offset(int(key), p.k_batch_stride, p.k_row_stride);
-    v_row = pages.row_offset(int(key), p.v_batch_stride, p.v_row_stride);
+    const int page = pages.page_of(int(key));
+    if (!pages.valid(page)) return;
+    k_row = pages.offset(page, int(key), p.k_batch_stride, p.k_row_stride);
+    v_row = pages.offset(page, int(key), p.v_batch_stride, p.v_row_stride);
   } else {
     k_row = b * p.k_batch_stride + key * p.k_row_stride;
     v_row = b * p.v_batch_stride + key * p.v_row_stride;
@@ -76,9 +79,14 @@ __device__ void store4(T* dst, float4 x) {
   }
 }
 
+// max(a, b), NaN if either is NaN (fmaxf drops it): a NaN partial (a key on a page outside the
+// cache) keeps its row NaN even where every other split is empty.
+__device__ inline float max_nan(float a, float b) { return a > b || a != a ? a : b; }
+
 // One warp per output row (b, h, s). Lane l holds the lse of splits l, l + 32, ...; the warp
 // reduces their max and sum, then each lane accumulates 4 columns at a time over the splits.
-// Empty splits have lse = -inf and weigh 0; a row no split saw gets out = 0 and lse = -inf.
+// Empty splits have lse = -inf and weigh 0; a row no split saw gets out = 0 and lse = -inf; a row
+// with a NaN partial gets NaN.
 template <class T>
 __global__ void __launch_bounds__(32 * kWarpsPerCta) combine_kernel(__grid_constant__ const FwdParams p) {
   constexpr int kSlots = kMaxSplits / 32;
@@ -97,10 +105,10 @@ __global__ void __launch_bounds__(32 * kWarpsPerCta) combine_kernel(__grid_const
   for (int j = 0; j < kSlots; ++j) {
     const int split = j * 32 + lane;
     lse_part[j] = split < p.num_splits ? p.lse_accum[split * split_stride + row] : -INFINITY;
-    max_lse = fmaxf(max_lse, lse_part[j]);
+    max_lse = max_nan(max_lse, lse_part[j]);
   }
 #pragma unroll
-  for (int o = 16; o > 0; o /= 2) max_lse = fmaxf(max_lse, __shfl_xor_sync(0xffffffffu, max_lse, o));
+  for (int o = 16; o > 0; o /= 2) max_lse = max_nan(max_lse, __shfl_xor_sync(0xffffffffu, max_lse, o));
   float sum = 0.f;
 #pragma unroll
   for (int j = 0; j < kSlots; ++j) sum += max_lse == -INFINITY ? 0.f : expf(lse_part[j] - max_lse);
