@@ -49,7 +49,8 @@ set(_flashcute_sm90_archs 90a)  # wgmma and setmaxnreg: compute capability 9.0 o
 # sm90_fwd_<dtype>_hdim<d>_long, instantiating sm90::launch_fwd_long. Not a kernel of its own in
 # the list: the dispatch picks between the two per call. Every sm90 forward kernel also has a
 # varlen twin in a TU of its own, sm90_fwd_<dtype>_hdim<d>_varlen (sm90::launch_fwd_varlen), which
-# the dispatch takes for calls with cu_seqlens.
+# the dispatch takes for calls with cu_seqlens, and with FLASHCUTE_KVCACHE a KV-cache twin,
+# sm90_fwd_<dtype>_hdim<d>_kvcache (sm90::launch_fwd_kvcache), for KV-cache calls.
 set(_flashcute_sm90_long_head_dims 64)
 # Head dims with an sm90 backward (sm90::default_bwd_config in include/flashcute/sm90/config.hpp);
 # the others' backward runs on the sm80 kernels.
@@ -125,6 +126,14 @@ foreach(_family IN LISTS FLASHCUTE_FAMILIES)
                          @ONLY)
           list(APPEND _sources "${_flashcute_generated_dir}/${KERNEL_NAME}_varlen.cu")
           list(APPEND FLASHCUTE_KERNEL_NAMES "${KERNEL_NAME}_varlen")
+        endif()
+        if(_family STREQUAL "sm90" AND _kind STREQUAL "fwd" AND FLASHCUTE_KVCACHE)  # sm90::launch_fwd_kvcache
+          set(KERNEL_TILES "_kvcache")
+          set(KERNEL_TILES_NOTE ", KV cache")
+          configure_file("${PROJECT_SOURCE_DIR}/src/kernel.cu.in" "${_flashcute_generated_dir}/${KERNEL_NAME}_kvcache.cu"
+                         @ONLY)
+          list(APPEND _sources "${_flashcute_generated_dir}/${KERNEL_NAME}_kvcache.cu")
+          list(APPEND FLASHCUTE_KERNEL_NAMES "${KERNEL_NAME}_kvcache")
         endif()
         list(APPEND _flashcute_kernel_entries
              "FLASHCUTE_KERNEL(${_family_enum}, ${_direction_enum}, ${KERNEL_DTYPE}, ${_hdim}${_variant_arg})")

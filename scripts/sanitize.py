@@ -11,7 +11,8 @@ a ragged tail, GQA 4:1 and MQA, a sliding window, softcap, head dims that pad up
 dim (72 -> 96), every kernel head dim, a strided packed-qkv view and a caller-provided `out`, each
 in bf16 and fp16. Sizes are tiny so that racecheck finishes in seconds. --kvcache adds
 flash_attn_with_kvcache calls: paged caches with shuffled pages and an append, split-KV (automatic
-and forced), a contiguous MQA cache, and out-of-range page numbers and cache lengths. --varlen adds
+and forced), a contiguous MQA cache, out-of-range page numbers and cache lengths, and prefill calls
+of 64 queries and more (the sm90 kernels on compute capability 9.0). --varlen adds
 flash_attn_varlen_func calls, forward and backward on each path (empty, one-row and
 ragged sequences, GQA, masks), and garbage cu_seqlens: out of range, and descending.
 
@@ -206,6 +207,11 @@ KV_CASES: tuple[KvCase, ...] = (
     KvCase("kv-paged64-multi-causal", 2, 4, 4, 4, 64, 256, page=64, causal=True, num_splits=3),
     KvCase("kv-contig-mqa", 3, 1, 4, 1, 128, 300, append=False),
     KvCase("kv-paged32-garbage", 2, 1, 4, 2, 64, 128, page=32, garbage=True),
+    # 64 queries and more: the sm90 kernels on an H100 / H200 (boxes, mended blocks, whole blocks).
+    KvCase("kv-prefill-paged16", 2, 80, 4, 2, 128, 320, page=16, causal=True),
+    KvCase("kv-prefill-contig", 2, 64, 4, 1, 64, 200),
+    KvCase("kv-prefill-paged128", 2, 96, 4, 2, 128, 512, page=128, append=False),
+    KvCase("kv-prefill-garbage", 2, 64, 4, 2, 64, 128, page=64, append=False, garbage=True),
 )
 
 

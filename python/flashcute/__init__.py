@@ -85,9 +85,10 @@ def last_forward_path() -> str:
 
     On a compute capability 9.0 GPU a forward call runs on the sm90 kernels when the build has them
     (build option ``FLASHCUTE_CUDA_ARCHS`` naming ``90a``, the default) and TMA can read its arrays
-    (strides multiples of 16 bytes, no KV cache); ``FLASHCUTE_FORWARD_PATH=sm80`` in the
-    environment keeps every call on the sm80 kernels. Under CUDA-graph capture or torch.compile
-    this reports the launch made at capture time.
+    (strides multiples of 16 bytes); a KV-cache call (``flash_attn_with_kvcache``) does with 64
+    query rows or more, and runs on the sm80 split-KV kernels below that (decode).
+    ``FLASHCUTE_FORWARD_PATH=sm80`` in the environment keeps every call on the sm80 kernels. Under
+    CUDA-graph capture or torch.compile this reports the launch made at capture time.
     """
     return _C.last_forward_path()
 

@@ -183,6 +183,78 @@ def test_num_splits_agree(torch, num_splits):
     assert ran == num_splits if num_splits else ran > 1, ran
 
 
+# Prefill: 64 query rows and more, which run on the sm90 kernels on an H100 / H200 (and on the
+# split-KV kernels with FLASHCUTE_FORWARD_PATH=sm80). Key counts are rarely multiples of 16 here,
+# so the box that holds an entry's last key reads cache rows past it.
+PREFILL_CASES = [
+    Case(2, 128, 8, 2, 128, 1000, new=128, causal=True),                 # contiguous, odd capacity
+    Case(3, 113, 4, 4, 64, 777, page=16, new=113, causal=True),          # the smallest pages, odd rows
+    Case(2, 200, 8, 1, 256, 640, page=64, window=(100, 0)),              # MQA, a window, no append
+    Case(2, 64, 4, 2, 96, 300, seqlens=False),                           # the whole cache, 64 rows
+    Case(2, 96, 6, 2, 40, 400, page=32, new=96, softcap=15.0),           # padded head dim, softcap
+    Case(1, 1024, 32, 8, 128, 5000, page=64, new=1024, causal=True),     # chunked prefill, GQA 4:1
+    Case(2, 300, 4, 2, 192, 1200, page=128, new=300, causal=True),       # pages of a block or more
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fwd_path", ["sm80", "sm90"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("case", PREFILL_CASES, ids=[c.id for c in PREFILL_CASES])
+def test_prefill_against_reference(torch, sm90_fwd_why_not, monkeypatch, case, dtype, fwd_path):
+    _require_kvcache(dtype, case.d)
+    if fwd_path == "sm90" and (why := sm90_fwd_why_not(case.d, dtype)):
+        pytest.skip(why)
+    monkeypatch.setenv("FLASHCUTE_FORWARD_PATH", fwd_path)
+    _run_case(torch, case, dtype, seed=sum(map(ord, case.id)) % 1000)
+    assert flashcute.last_forward_path() == fwd_path
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fwd_path", ["sm80", "sm90"])
+@pytest.mark.parametrize("page", [0, 16, 64])
+def test_cache_rows_past_the_keys_are_never_read(torch, sm90_fwd_why_not, monkeypatch, page, fwd_path):
+    """NaN in every cache row past an entry's keys (and, paged, -1 in the table slots past its
+    pages) leaves the output finite and equal to that of a clean cache: as FlashAttention-2, no
+    row past cache_seqlens + the new keys reaches the result (0 * NaN would)."""
+    _require_kvcache("bfloat16", 128)
+    if fwd_path == "sm90" and (why := sm90_fwd_why_not(128, "bfloat16")):
+        pytest.skip(why)
+    monkeypatch.setenv("FLASHCUTE_FORWARD_PATH", fwd_path)
+    c = Case(3, 96, 8, 2, 128, 1024, page=page, new=96, causal=True)
+    g = torch.Generator(device="cuda").manual_seed(21)
+    cache = Cache(torch, c, torch.bfloat16, g)
+    q = torch.randn(c.b, c.sq, c.h, c.d, device="cuda", generator=g).bfloat16()
+    kn = torch.randn(c.b, c.new, c.hk, c.d, device="cuda", generator=g).bfloat16()
+    vn = torch.randn(c.b, c.new, c.hk, c.d, device="cuda", generator=g).bfloat16()
+    lens = [5, 401, 1024 - 96]  # keys after the append: 101, 497, 1024
+    seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    table = None if cache.block_table is None else cache.block_table.clone()
+    k_clean, v_clean = cache.k_cache.clone(), cache.v_cache.clone()
+    for b, n in enumerate(lens):
+        keys = n + c.new
+        if table is None:
+            cache.k_cache[b, keys:] = float("nan")
+            cache.v_cache[b, keys:] = float("nan")
+            continue
+        first_unused = -(-keys // page)
+        for slot in range(table.shape[1]):
+            p = int(table[b, slot])
+            rows = slice(keys - slot * page if slot * page < keys else 0, page)
+            if slot * page + page > keys:
+                cache.k_cache[p, rows] = float("nan")
+                cache.v_cache[p, rows] = float("nan")
+        table[b, first_unused:] = -1
+    out = flashcute.flash_attn_with_kvcache(q, cache.k_cache, cache.v_cache, kn, vn, cache_seqlens=seqlens,
+                                           block_table=table, causal=True)
+    ref = flashcute.flash_attn_with_kvcache(q, k_clean, v_clean, kn, vn, cache_seqlens=seqlens,
+                                           block_table=cache.block_table, causal=True)
+    torch.cuda.synchronize()
+    assert flashcute.last_forward_path() == fwd_path
+    assert torch.isfinite(out).all()
+    assert torch.equal(out, ref)
+
+
 def _step_inputs(torch, c: Case, seed: int):
     """A bf16 cache for c, one decode step's q and new keys, and the generator that made them."""
     g = torch.Generator(device="cuda").manual_seed(seed)
@@ -281,6 +353,49 @@ def test_bad_page_gives_nan_rows(torch, bad, num_splits):
         assert torch.isnan(out[b, bad_rows]).all() and torch.isnan(lse[b, :, bad_rows]).all(), (b, bad_rows)
         assert torch.isfinite(out[b, good_rows]).all() and torch.isfinite(lse[b, :, good_rows]).all(), b
         if good_rows:  # the first rows, with the keys they see: the same causal alignment
+            rows, seen = len(good_rows), keys - (c.sq - len(good_rows))
+            check = check_attention(out[b:b + 1, :rows], q[b:b + 1, :rows], ks[b:b + 1, :seen], vs[b:b + 1, :seen],
+                                    lse=lse[b:b + 1, :, :rows], **c.options())
+            assert check.ok, (b, check.message)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fwd_path", ["sm80", "sm90"])
+@pytest.mark.parametrize("page", [16, 64])
+@pytest.mark.parametrize("bad", [-1, "num_pages"])
+def test_prefill_bad_page_gives_nan_rows(torch, sm90_fwd_why_not, monkeypatch, bad, page, fwd_path):
+    """The same rule for 100 causal queries, on both forward paths: entry 0's bad page holds early
+    keys (every row sees them), entry 2's its last keys (seen by the last rows only), entry 1 is
+    clean; rows that see a key on the bad page are NaN (out and lse), the others right."""
+    _require_kvcache("bfloat16", 128)
+    if fwd_path == "sm90" and (why := sm90_fwd_why_not(128, "bfloat16")):
+        pytest.skip(why)
+    monkeypatch.setenv("FLASHCUTE_FORWARD_PATH", fwd_path)
+    c = Case(3, 100, 4, 2, 128, 1024, page=page, causal=True)
+    g = torch.Generator(device="cuda").manual_seed(23)
+    cache = Cache(torch, c, torch.bfloat16, g)
+    q = torch.randn(c.b, c.sq, c.h, c.d, device="cuda", generator=g).bfloat16()
+    bad = cache.num_pages if bad == "num_pages" else bad
+    lens = [700, 513, 901]
+    table = cache.block_table.clone()
+    table[0, 1] = bad                                  # keys [page, 2 page): every row sees them
+    last = (lens[2] - 1) // page                       # the page of entry 2's last key
+    table[2, last] = bad
+    first_seeing = last * page - (lens[2] - c.sq)      # causal: row i sees keys < lens - sq + 1 + i
+    nan_rows = {0: range(c.sq), 2: range(max(first_seeing, 0), c.sq)}
+    seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    out, lse = flashcute.flash_attn_with_kvcache(q, cache.k_cache, cache.v_cache, cache_seqlens=seqlens,
+                                                 block_table=table, return_lse=True, **c.options())
+    torch.cuda.synchronize()
+    assert flashcute.last_forward_path() == fwd_path
+    assert cache.guards_intact()
+    ks, vs = cache.logical(cache.k_cache), cache.logical(cache.v_cache)
+    for b, keys in enumerate(lens):
+        bad_rows = list(nan_rows.get(b, ()))
+        good_rows = [i for i in range(c.sq) if i not in bad_rows]
+        assert torch.isnan(out[b, bad_rows]).all() and torch.isnan(lse[b, :, bad_rows]).all(), (b, bad_rows)
+        assert torch.isfinite(out[b, good_rows]).all() and torch.isfinite(lse[b, :, good_rows]).all(), b
+        if good_rows:
             rows, seen = len(good_rows), keys - (c.sq - len(good_rows))
             check = check_attention(out[b:b + 1, :rows], q[b:b + 1, :rows], ks[b:b + 1, :seen], vs[b:b + 1, :seen],
                                     lse=lse[b:b + 1, :, :rows], **c.options())

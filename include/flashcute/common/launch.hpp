@@ -50,6 +50,10 @@ Status launch_fwd_long(const FwdParams& params, cudaStream_t stream);
 // The variable-length batch (cu_seqlens): one more generated TU for each compiled sm90 forward kernel.
 template <DType kDType, int kHeadDim>
 Status launch_fwd_varlen(const FwdParams& params, cudaStream_t stream);
+// A KV cache (cache_seqlens, block_table): one more generated TU for each compiled sm90 forward
+// kernel, where the build has the KV-cache kernels (FLASHCUTE_KVCACHE).
+template <DType kDType, int kHeadDim>
+Status launch_fwd_kvcache(const FwdParams& params, cudaStream_t stream);
 // The Hopper backward (sm90/launch_bwd.hpp), where sm90::has_bwd_config(kHeadDim).
 template <DType kDType, int kHeadDim>
 Status launch_bwd(const BwdParams& params, cudaStream_t stream);

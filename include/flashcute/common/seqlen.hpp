@@ -36,6 +36,14 @@ CUTE_HOST_DEVICE VarlenRows varlen_rows(const int* cu_q, const int* cu_k, int to
   return r;
 }
 
+// Entry b of a KV-cache call: its cache_seqlens entry plus the appended keys, clamped into
+// [0, seqlen_k] (the capacity); without cache_seqlens, the whole capacity.
+CUTE_HOST_DEVICE int cache_keys(const FwdParams& p, int batch) {
+  if (p.cache_seqlens == nullptr) return p.seqlen_k;
+  const int64_t used = int64_t(p.cache_seqlens[batch]) + p.seqlen_new;
+  return used < 0 ? 0 : (used > p.seqlen_k ? p.seqlen_k : int(used));
+}
+
 struct FwdSeqlen {
   int seqlen_q;       // query rows of this batch entry
   int seqlen_k;       // keys of this batch entry
@@ -56,10 +64,7 @@ struct FwdSeqlen {
       v_offset = batch * p.v_batch_stride;
       o_offset = batch * p.o_batch_stride;
       lse_offset = batch * p.lse_batch_stride;
-      if (p.cache_seqlens != nullptr) {  // a KV cache (device only): its filled length, clamped
-        const int64_t used = int64_t(p.cache_seqlens[batch]) + p.seqlen_new;
-        seqlen_k = used < 0 ? 0 : (used > p.seqlen_k ? p.seqlen_k : int(used));
-      }
+      seqlen_k = cache_keys(p, batch);  // a KV cache (device only): its filled length, clamped
       if (p.block_table != nullptr) k_offset = v_offset = 0;  // paged: each row finds its page
       return;
     }

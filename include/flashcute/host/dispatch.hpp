@@ -30,26 +30,6 @@ namespace flashcute {
 // at every launch (getenv: no device call), so tests and benchmarks can switch it between calls.
 enum class Sm90Tiles : uint8_t { kAuto, kBase, kLong };
 
-namespace detail {
-
-// Which of `values` the environment variable `name` holds (unset or empty: the first, index 0),
-// or an invalid-argument Status naming the variable and what it may be.
-template <std::size_t N>
-Status env_choice(const char* name, const char* const (&values)[N], const char* expected, std::size_t& index) {
-  index = 0;
-  const char* env = std::getenv(name);
-  if (env == nullptr || *env == '\0') return Status::success();
-  for (std::size_t i = 0; i < N; ++i) {
-    if (!std::strcmp(env, values[i])) {
-      index = i;
-      return Status::success();
-    }
-  }
-  return Status::invalid_argument(name, expected, env);
-}
-
-}  // namespace detail
-
 inline Status sm90_tiles_setting(Sm90Tiles& tiles) {
   static constexpr const char* kValues[] = {"auto", "base", "long"};  // in Sm90Tiles' order
   std::size_t index;
@@ -88,6 +68,14 @@ Status launch_kernel(const Params& params, cudaStream_t stream) {
     if (params.cu_seqlens_q != nullptr) {  // varlen: the first table's tiles
       record_forward_tile(kBase.block_m, kBase.block_n);
       return sm90::launch_fwd_varlen<kKey.dtype, kKey.head_dim>(params, stream);
+    }
+    if (params.cache_seqlens != nullptr || params.block_table != nullptr) {  // a KV cache: the same
+      if constexpr (kvcache_compiled()) {
+        record_forward_tile(kBase.block_m, kBase.block_n);
+        return sm90::launch_fwd_kvcache<kKey.dtype, kKey.head_dim>(params, stream);
+      }
+      return Status::invalid(StatusCode::kNotCompiled, "k_cache", "KV-cache kernels in this build", "none",
+                             "flashcute was built without KV-cache kernels (build option FLASHCUTE_KVCACHE)");
     }
     Sm90Tiles tiles;
     FLASHCUTE_RETURN_IF_ERROR(sm90_tiles_setting(tiles));
@@ -151,27 +139,6 @@ Status launch_key(const KernelKey& key, const Params& params, cudaStream_t strea
 }
 
 }  // namespace detail
-
-// The forward path: FLASHCUTE_FORWARD_PATH=sm80 keeps every forward on the mma.sync kernels;
-// unset, "auto" or "sm90", a call the Hopper kernels can take runs on them on a compute
-// capability 9.0 device. Read at every launch (getenv: no device call), so tests and benchmarks
-// can switch it between calls.
-enum class ForwardPath : uint8_t { kAuto, kSm80 };
-
-inline Status forward_path_setting(ForwardPath& path) {
-  static constexpr const char* kValues[] = {"auto", "sm90", "sm80"};  // sm90: the same as auto
-  std::size_t index;
-  const Status st = detail::env_choice("FLASHCUTE_FORWARD_PATH", kValues, "auto, sm80 or sm90", index);
-  path = index == 2 ? ForwardPath::kSm80 : ForwardPath::kAuto;
-  return st;
-}
-
-// Whether `device` (-1: the current one) has compute capability 9.0, the only GPUs sm_90a code
-// runs on (cached per device, as every device_attribute).
-inline bool device_is_sm90(int device = -1) {
-  return device_attribute<cudaDevAttrComputeCapabilityMajor>(device) == 9 &&
-         device_attribute<cudaDevAttrComputeCapabilityMinor>(device) == 0;
-}
 
 namespace detail {
 // The sm90 backward's kernel head dim for head_dim and dtype where it may run on `device`, else 0.
@@ -276,8 +243,7 @@ inline Status launch(const FwdPlan& plan, cudaStream_t stream) {
   KernelKey key;
   FLASHCUTE_RETURN_IF_ERROR(forward_kernel(plan, key));
   FLASHCUTE_RETURN_IF_ERROR(detail::launch_key(key, plan.params, stream));
-  if (key.direction == Direction::kFwd && key.variant == Variant::kPlain)
-    last_forward_arch().store(key.arch, std::memory_order_relaxed);
+  if (key.direction == Direction::kFwd) last_forward_arch().store(key.arch, std::memory_order_relaxed);
   if constexpr (kvcache_compiled()) {
     if (plan.kernel.variant == Variant::kSplitkv && plan.params.num_splits > 1)
       return sm80::launch_combine<0>(plan.params, plan.kernel.dtype, stream);

@@ -4,12 +4,58 @@
 #pragma once
 
 #include <climits>
+#include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <utility>
 
+#include "flashcute/common/launch.hpp"
 #include "flashcute/common/params.hpp"
+#include "flashcute/common/status.hpp"
 
 namespace flashcute {
+
+namespace detail {
+
+// Which of `values` the environment variable `name` holds (unset or empty: the first, index 0),
+// or an invalid-argument Status naming the variable and what it may be.
+template <std::size_t N>
+Status env_choice(const char* name, const char* const (&values)[N], const char* expected, std::size_t& index) {
+  index = 0;
+  const char* env = std::getenv(name);
+  if (env == nullptr || *env == '\0') return Status::success();
+  for (std::size_t i = 0; i < N; ++i) {
+    if (!std::strcmp(env, values[i])) {
+      index = i;
+      return Status::success();
+    }
+  }
+  return Status::invalid_argument(name, expected, env);
+}
+
+}  // namespace detail
+
+// The forward path: FLASHCUTE_FORWARD_PATH=sm80 keeps every forward on the mma.sync kernels;
+// unset, "auto" or "sm90", a call the Hopper kernels can take runs on them on a compute
+// capability 9.0 device. Read at every launch (getenv: no device call), so tests and benchmarks
+// can switch it between calls; a KV-cache call reads it when it is planned (plan_fwd_kvcache).
+enum class ForwardPath : uint8_t { kAuto, kSm80 };
+
+inline Status forward_path_setting(ForwardPath& path) {
+  static constexpr const char* kValues[] = {"auto", "sm90", "sm80"};  // sm90: the same as auto
+  std::size_t index;
+  const Status st = detail::env_choice("FLASHCUTE_FORWARD_PATH", kValues, "auto, sm80 or sm90", index);
+  path = index == 2 ? ForwardPath::kSm80 : ForwardPath::kAuto;
+  return st;
+}
+
+// Whether `device` (-1: the current one) has compute capability 9.0, the only GPUs sm_90a code
+// runs on (cached per device, as every device_attribute).
+inline bool device_is_sm90(int device = -1) {
+  return device_attribute<cudaDevAttrComputeCapabilityMajor>(device) == 9 &&
+         device_attribute<cudaDevAttrComputeCapabilityMinor>(device) == 0;
+}
 
 // Why TMA cannot read q, k and v with these params, or nullptr when it can: a descriptor needs
 // every stride a multiple of 16 bytes, below 2^38 elements, and none 0 where its dim has more than
@@ -58,6 +104,23 @@ inline const char* sm90_can_run(const FwdParams& p) {
   if (p.o_row_stride % 2 != 0 || p.o_head_stride % 2 != 0 || p.o_batch_stride % 2 != 0)
     return "out: an odd stride (the kernel stores element pairs)";
   return nullptr;
+}
+
+// Why the sm90 forward cannot take a KV-cache call with these params (plan_fwd_kvcache's, before
+// the split-KV choice), or nullptr when it can: 64 query rows or more (fewer, decode among them,
+// run on the split-KV kernels), and what sm90_can_run asks of a fixed-length call whose K and V
+// are the caches' pages (a contiguous cache's page being a batch entry), with a page stride
+// where there are several pages.
+inline const char* sm90_kvcache_can_run(const FwdParams& p) {
+  if (p.seqlen_q < 64) return "fewer than 64 query rows";
+  if (p.cu_seqlens_q != nullptr) return "a varlen batch";
+  FwdParams view = p;
+  view.cache_seqlens = nullptr, view.block_table = nullptr, view.seqlen_new = 0;
+  if (p.block_table != nullptr) {
+    if (p.num_pages > 1 && (p.k_batch_stride == 0 || p.v_batch_stride == 0)) return "k_cache: a broadcast page stride";
+    view.seqlen_k = 1 << p.page_size_log2;
+  }
+  return sm90_can_run(view);
 }
 
 // Why the sm90 backward cannot take a call with these params, or nullptr when it can: TMA must

@@ -153,7 +153,7 @@ inline Status plan_fwd_kvcache(const FwdArgs& a, FwdPlan& plan) {
     }
   }
   FLASHCUTE_RETURN_IF_ERROR(as_cache_error(plan_fwd(fixed, plan)));
-  plan.sm90 = false;  // the KV-cache kernels are the sm80 family's
+  plan.sm90 = false;  // (the fixed-length rules' verdict: the KV-cache call chooses below)
   FwdParams& p = plan.params;
   const int64_t nheads_k = k.shape[2];
 
@@ -221,8 +221,23 @@ inline Status plan_fwd_kvcache(const FwdArgs& a, FwdPlan& plan) {
     p.lse_head_stride = groups;  // (batch, nheads, 1) with unit head stride: rows of a group are adjacent
   }
 
-  // Split-KV.
+  // The Hopper kernels take 64 query rows and more on a compute capability 9.0 device, unless
+  // FLASHCUTE_FORWARD_PATH=sm80: one pass over the keys, no split, no workspace (num_splits is a
+  // hint of the split-KV kernels only).
   FLASHCUTE_RETURN_IF_ERROR(check_num_splits(kv.num_splits));
+  const int sm90_hd = kernel_head_dim(p.head_dim, q.dtype, Direction::kFwd, Arch::kSm90);
+  if (kvcache_compiled() && sm90_hd > 0 && sm90_kvcache_can_run(p) == nullptr) {
+    ForwardPath path;
+    FLASHCUTE_RETURN_IF_ERROR(forward_path_setting(path));
+    if (path == ForwardPath::kAuto && device_is_sm90()) {
+      plan.kernel = KernelKey{Arch::kSm90, Direction::kFwd, q.dtype, sm90_hd, Variant::kPlain};
+      p.num_splits = 1;
+      plan.workspace_floats = 0;
+      return Status::success();
+    }
+  }
+
+  // Split-KV.
   plan.kernel.variant = Variant::kSplitkv;
   const int kernel_hd = kernel_head_dim(p.head_dim, q.dtype, Direction::kFwd, Arch::kSm80, Variant::kSplitkv);
   if (kernel_hd == 0)

@@ -12,6 +12,15 @@
 
 namespace flashcute::sm90 {
 
+// What a kernel reads, besides its config (FwdTraits, traits.hpp):
+// - kFixed: a fixed-length batch;
+// - kVarlen: a variable-length batch (cu_seqlens): each tile reads its sequence's rows and lengths
+//   (WorkTile), the TMA tensors are one batch of total_q / total_k rows;
+// - kKvcache: a KV cache, contiguous or paged: each tile reads its entry's key count
+//   (cache_seqlens), and K and V come in boxes of kBoxRows keys, each from its page
+//   (FwdMainloop::load_cache_kv).
+enum class FwdMode : uint8_t { kFixed, kVarlen, kKvcache };
+
 struct FwdConfig {
   int head_dim;    // columns of the Q/K/V tiles in shared memory
   int block_m;     // query rows per CTA: 64 per consumer warpgroup
@@ -125,6 +134,15 @@ constexpr FwdConfig long_fwd_config(int head_dim) {
     default: return {.head_dim = 0, .block_m = 0, .block_n = 0};
   }
 }
+// The KV-cache kernel's config: the first table's, with the producer's registers raised to 32
+// where the consumers leave them (its page lookups and box loop spill in 24).
+constexpr FwdConfig kvcache_fwd_config(int head_dim) {
+  FwdConfig cfg = default_fwd_config(head_dim);
+  FwdConfig more = cfg;
+  more.producer_regs = 32;
+  return validate(more) == nullptr ? more : cfg;
+}
+
 constexpr bool has_long_fwd_config(int head_dim) { return head_dim > 0 && long_fwd_config(head_dim).head_dim == head_dim; }
 
 // Whether a call takes the long-sequence tiles where its head dim has them (FLASHCUTE_SM90_TILES

@@ -40,7 +40,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
   auto& storage = *reinterpret_cast<typename Traits::SharedStorage*>(smem_buf);
   const FwdParams& params = kp.params;
   const KeyMask keys{params.seqlen_k, params.seqlen_k - params.seqlen_q, params.window_left, params.window_right};
-  const TileScheduler<Traits::kBlockM, Traits::kBlockN, Traits::kVarlen> scheduler(kp.schedule, params, kp.div_heads,
+  const TileScheduler<Traits::kBlockM, Traits::kBlockN, Traits::kFwdMode> scheduler(kp.schedule, params, kp.div_heads,
                                                                                     keys, blockIdx.x, gridDim.x);
 
   if (threadIdx.x == 0) Mainloop::init_barriers(storage);
@@ -55,10 +55,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
     if (cutlass::canonical_warp_idx_sync() != 0 || !cute::elect_one_sync()) return;
     typename Mainloop::QState q;
     typename Mainloop::KvState kv;
+    uint32_t fix_phase = 0;
     for (WorkTile pos = scheduler.start(); !scheduler.done(pos); scheduler.step(pos)) {
       const WorkTile tile = scheduler.at(pos.u, pos.j);
       if (!tile.valid || !tile.has_keys()) continue;
-      mainloop.load(tile, tile.sequence(), q, kv);
+      mainloop.load(tile, tile.sequence(), q, kv, fix_phase);
     }
     return;
   }

@@ -33,22 +33,41 @@ FwdKernelParams<Traits> make_kernel_params(const FwdParams& p, TileSchedule sche
                        make_shape(ext.rows_q, p.head_dim, p.nheads, ext.batches),
                        make_stride(tma_stride(p.q_row_stride), _1{}, tma_stride(p.q_head_stride),
                                    tma_stride(p.q_batch_stride)));  // (Sq,d,H,B)
+  // A KV cache's K and V: (rows, d, Hk, pages), a page being a batch entry of a contiguous cache
+  // (k_batch_stride apart) or one of num_pages of a paged one (k_batch_stride: the page stride).
+  int rows_k = ext.rows_k, batches_k = ext.batches;
+  if constexpr (Traits::kKvcache) {
+    if (p.block_table != nullptr) rows_k = 1 << p.page_size_log2, batches_k = p.num_pages;
+  }
   auto k = make_tensor(make_gmem_ptr(static_cast<Element const*>(p.k)),
-                       make_shape(ext.rows_k, p.head_dim, p.nheads_k, ext.batches),
+                       make_shape(rows_k, p.head_dim, p.nheads_k, batches_k),
                        make_stride(tma_stride(p.k_row_stride), _1{}, tma_stride(p.k_head_stride),
                                    tma_stride(p.k_batch_stride)));  // (Sk,d,Hk,B)
   auto vt = make_tensor(make_gmem_ptr(static_cast<Element const*>(p.v)),
-                        make_shape(p.head_dim, ext.rows_k, p.nheads_k, ext.batches),
+                        make_shape(p.head_dim, rows_k, p.nheads_k, batches_k),
                         make_stride(_1{}, tma_stride(p.v_row_stride), tma_stride(p.v_head_stride),
                                     tma_stride(p.v_batch_stride)));  // (d,Sk,Hk,B)
-  return FwdKernelParams<Traits>{
+  FwdKernelParams<Traits> kp{
       p,
       schedule,
       make_tma_copy(SM90_TMA_LOAD{}, q, take<0, 2>(typename Traits::SmemLayoutQ{})),
       make_tma_copy(SM90_TMA_LOAD{}, k, take<0, 2>(typename Traits::SmemLayoutK{})),
       make_tma_copy(SM90_TMA_LOAD{}, vt, take<0, 2>(typename Traits::SmemLayoutVt{})),
       FastDivmod(p.nheads),
+      {},
+      {},
+      {},
+      {},
   };
+  if constexpr (Traits::kKvcache) {
+    kp.tma_k_box = make_tma_copy(SM90_TMA_LOAD{}, k, typename Traits::SmemLayoutKBox{});
+    kp.tma_v_box = make_tma_copy(SM90_TMA_LOAD{}, vt, typename Traits::SmemLayoutVtBox{});
+    if constexpr (Traits::kMidBoxRows > 0) {
+      kp.tma_k_mid = make_tma_copy(SM90_TMA_LOAD{}, k, typename Traits::template SmemLayoutKRows<Traits::kMidBoxRows>{});
+      kp.tma_v_mid = make_tma_copy(SM90_TMA_LOAD{}, vt, typename Traits::template SmemLayoutVtRows<Traits::kMidBoxRows>{});
+    }
+  }
+  return kp;
 }
 
 // Launches the kernel built from any FwdTraits. Preconditions: what plan_fwd guarantees, and
@@ -112,7 +131,16 @@ Status launch_fwd_long(const FwdParams& params, cudaStream_t stream) {
 // takes it for varlen calls. The walk covers the longest sequence (params.seqlen_q: max_seqlen_q).
 template <DType kDType, int kHeadDim>
 Status launch_fwd_varlen(const FwdParams& params, cudaStream_t stream) {
-  return launch_fwd_with<FwdTraits<kDType, default_fwd_config(kHeadDim), true>>(params, stream);
+  return launch_fwd_with<FwdTraits<kDType, default_fwd_config(kHeadDim), FwdMode::kVarlen>>(params, stream);
+}
+
+// The same kernel over a KV cache, contiguous or paged (cache_seqlens, block_table), on the first
+// table's config, in a generated translation unit of its own (sm90_fwd_<dtype>_hdim<d>_kvcache);
+// host/dispatch.hpp takes it for KV-cache plans that chose the sm90 path (plan_fwd_kvcache). The
+// walk and its costs assume every entry holds the whole capacity (params.seqlen_k).
+template <DType kDType, int kHeadDim>
+Status launch_fwd_kvcache(const FwdParams& params, cudaStream_t stream) {
+  return launch_fwd_with<FwdTraits<kDType, kvcache_fwd_config(kHeadDim), FwdMode::kKvcache>>(params, stream);
 }
 
 }  // namespace flashcute::sm90

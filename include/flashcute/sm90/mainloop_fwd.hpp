@@ -71,6 +71,7 @@ struct FwdMainloop {
     QPipeline::init(storage.q_bar, Traits::kConsumerWarpgroups * 4);
     KvPipeline::init(storage.k_bar, Traits::kConsumerWarpgroups * 4);
     KvPipeline::init(storage.v_bar, Traits::kConsumerWarpgroups * 4);
+    if constexpr (Traits::kKvcache) cutlass::arch::ClusterTransactionBarrier::init(&storage.fix_bar, 1);
   }
 
   CUTE_DEVICE auto smem_q() const {  // (BLK_M,D,QPIPE)
@@ -86,39 +87,206 @@ struct FwdMainloop {
   // Producer, one thread: a tile's Q (load q), then its K and V blocks from the top (load kv).
   // The Q buffer is free once every consumer warp has run its last Q K^T of the tile that used it
   // before; a K/V stage once every consumer warp has read its block kStages before.
-  // seq: a varlen tile's sequence (TileScheduler::rows; unused otherwise).
-  CUTE_DEVICE void load(const WorkTile& tile, const VarlenRows& seq, QState& q, KvState& kv) const {
+  // seq: a varlen or KV-cache tile's lengths (TileScheduler::rows; unused otherwise). fix_phase:
+  // the phase of the KV cache's fix barrier (load_cache_kv).
+  CUTE_DEVICE void load(const WorkTile& tile, const VarlenRows& seq, QState& q, KvState& kv, uint32_t& fix_phase) const {
     using namespace cute;
     const FwdParams& params = kp.params;
     const int head_k = tile.head / (params.nheads / params.nheads_k);
     const FwdTmaExtents ext = fwd_tma_extents<Traits::kVarlen>(params);
     Tensor mQ = kp.tma_q.get_tma_tensor(make_shape(ext.rows_q, params.head_dim, params.nheads, ext.batches));  // (Sq,d,H,B)
-    Tensor mK = kp.tma_k.get_tma_tensor(make_shape(ext.rows_k, params.head_dim, params.nheads_k, ext.batches));  // (Sk,d,Hk,B)
-    Tensor mVt = kp.tma_v.get_tma_tensor(make_shape(params.head_dim, ext.rows_k, params.nheads_k, ext.batches));  // (d,Sk,Hk,B)
     // This tile's (batch, head); varlen: its sequence's rows of the one batch. Rows past a sequence
     // are the next one's (zero past the array): the mask hides its keys, its queries' O is not stored.
     Tensor mQ_bh = mQ(_, _, tile.head, Traits::kVarlen ? 0 : tile.batch);    // (Sq,d)
-    Tensor mK_bh = mK(_, _, head_k, Traits::kVarlen ? 0 : tile.batch);       // (Sk,d)
-    Tensor mVt_bh = mVt(_, _, head_k, Traits::kVarlen ? 0 : tile.batch);     // (d,Sk)
     auto from = [&](auto const& m, auto const& start) {
       if constexpr (Traits::kVarlen) return domain_offset(start, m);
       else return m;
     };
     Tensor gQ = local_tile(from(mQ_bh, make_coord(seq.q_start, _0{})), TileQ{}, make_coord(tile.m_block, 0));  // (BLK_M,D)
-    Tensor gK = local_tile(from(mK_bh, make_coord(seq.k_start, _0{})), TileKV{}, make_coord(_, 0));     // (BLK_N,D,n)
-    Tensor gVt = local_tile(from(mVt_bh, make_coord(_0{}, seq.k_start)), TileVt{}, make_coord(0, _));  // (D,BLK_N,n)
     auto [tQgQ, tQsQ] = tma_partition(kp.tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(smem_q()),
                                       group_modes<0, 2>(gQ));  // (TMA), (TMA,QPIPE)
-    auto [tKgK, tKsK] = tma_partition(kp.tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(smem_k()),
-                                      group_modes<0, 2>(gK));  // (TMA,n), (TMA,PIPE)
-    auto [tVgV, tVsV] = tma_partition(kp.tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(smem_vt()),
-                                      group_modes<0, 2>(gVt));  // (TMA,n), (TMA,PIPE)
     copy(kp.tma_q.with(q_pipe.producer_acquire(q, Traits::kQBytes)), tQgQ, tQsQ(_, q.index()));
     ++q;
-    for (int n_block = tile.n_block_max - 1; n_block >= tile.n_block_min; --n_block, ++kv) {
-      copy(kp.tma_k.with(k_pipe.producer_acquire(kv, Traits::kKvBytes)), tKgK(_, n_block), tKsK(_, kv.index()));
-      copy(kp.tma_v.with(v_pipe.producer_acquire(kv, Traits::kKvBytes)), tVgV(_, n_block), tVsV(_, kv.index()));
+    if constexpr (Traits::kKvcache) {
+      for (int n_block = tile.n_block_max - 1; n_block >= tile.n_block_min; --n_block, ++kv)
+        load_cache_kv(tile.batch, head_k, seq.seqlen_k, n_block, kv, fix_phase);
+    } else {
+      Tensor mK = kp.tma_k.get_tma_tensor(make_shape(ext.rows_k, params.head_dim, params.nheads_k, ext.batches));  // (Sk,d,Hk,B)
+      Tensor mVt = kp.tma_v.get_tma_tensor(make_shape(params.head_dim, ext.rows_k, params.nheads_k, ext.batches));  // (d,Sk,Hk,B)
+      Tensor mK_bh = mK(_, _, head_k, Traits::kVarlen ? 0 : tile.batch);       // (Sk,d)
+      Tensor mVt_bh = mVt(_, _, head_k, Traits::kVarlen ? 0 : tile.batch);     // (d,Sk)
+      Tensor gK = local_tile(from(mK_bh, make_coord(seq.k_start, _0{})), TileKV{}, make_coord(_, 0));     // (BLK_N,D,n)
+      Tensor gVt = local_tile(from(mVt_bh, make_coord(_0{}, seq.k_start)), TileVt{}, make_coord(0, _));  // (D,BLK_N,n)
+      auto [tKgK, tKsK] = tma_partition(kp.tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(smem_k()),
+                                        group_modes<0, 2>(gK));  // (TMA,n), (TMA,PIPE)
+      auto [tVgV, tVsV] = tma_partition(kp.tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(smem_vt()),
+                                        group_modes<0, 2>(gVt));  // (TMA,n), (TMA,PIPE)
+      for (int n_block = tile.n_block_max - 1; n_block >= tile.n_block_min; --n_block, ++kv) {
+        copy(kp.tma_k.with(k_pipe.producer_acquire(kv, Traits::kKvBytes)), tKgK(_, n_block), tKsK(_, kv.index()));
+        copy(kp.tma_v.with(v_pipe.producer_acquire(kv, Traits::kKvBytes)), tVgV(_, n_block), tVsV(_, kv.index()));
+      }
     }
+  }
+
+  // A KV cache's key block n_block of entry `batch`, KV head head_k, into stage kv. A block that
+  // lies in one page (a contiguous cache's entry is one page) and holds no cache row past the
+  // entry's keys is one TMA box each for K and V, as in the fixed-length kernel. Any other comes
+  // in boxes of kBoxRows keys, each from its page (block_table); boxes at or past the keys read
+  // past the page, which TMA fills with zeros.
+  // Two kinds of box need mending before the consumers may read the block: one that holds the
+  // entry's last key and rows past it (the cache holds anything there: a NaN would survive P = 0 in
+  // P V), whose rows past the keys become zeros; and one whose page is outside [0, num_pages), read
+  // as zeros by TMA, whose K rows become NaN: every query row that sees one of its keys gets a NaN
+  // score, so NaN in O and the lse, and the rows the mask hides them from are untouched (V stays
+  // zero). Such a block's TMA loads signal the producer's own barrier; it mends the buffers, then
+  // releases them to the consumers.
+  CUTE_DEVICE void load_cache_kv(int batch, int head_k, int seqlen_k, int n_block, KvState kv, uint32_t& fix_phase) const {
+    using namespace cute;
+    constexpr int kBox = Traits::kBoxRows;
+    constexpr int kBoxes = kBlockN / kBox;
+    using TileBoxK = Shape<Int<kBox>, Int<kHeadDim>>;
+    using TileBoxVt = Shape<Int<kHeadDim>, Int<kBox>>;
+    const FwdParams& params = kp.params;
+    const bool paged = params.block_table != nullptr;
+    const int page_rows = paged ? 1 << params.page_size_log2 : params.seqlen_k;
+    const int pages = paged ? params.num_pages : params.batch;
+    const int* table = params.block_table + int64_t(batch) * params.block_table_batch_stride;  // read when paged
+    const int n0 = n_block * kBlockN;
+    auto bad_page = [&](int page) __attribute__((always_inline)) { return page < 0 || page >= pages; };
+    Tensor mK = kp.tma_k.get_tma_tensor(make_shape(page_rows, params.head_dim, params.nheads_k, pages));   // (rows,d,Hk,pages)
+    Tensor mVt = kp.tma_v.get_tma_tensor(make_shape(params.head_dim, page_rows, params.nheads_k, pages));  // (d,rows,Hk,pages)
+    // The block holds cache rows past the keys (a paged cache's page, a contiguous cache short of
+    // its capacity).
+    const bool ragged = seqlen_k < n0 + kBlockN && (paged || seqlen_k < params.seqlen_k);
+    // A block with no row past the keys, in boxes of kRows keys (each within a page) through
+    // tma_k_ / tma_v_: false, loading nothing, where one of its pages is out of range.
+    auto load_boxes = [&](auto rows, auto const& tma_k_, auto const& tma_v_) __attribute__((always_inline)) {
+      constexpr int kRows = decltype(rows)::value;
+      using TileK = Shape<Int<kRows>, Int<kHeadDim>>;
+      using TileVt_ = Shape<Int<kHeadDim>, Int<kRows>>;
+      if (paged) {
+        CUTE_UNROLL
+        for (int i = 0; i < kBlockN / kRows; ++i)
+          if (bad_page(table[(n0 + i * kRows) >> params.page_size_log2])) return false;
+      }
+      Tensor mKr = tma_k_.get_tma_tensor(shape(mK));    // (rows,d,Hk,pages)
+      Tensor mVtr = tma_v_.get_tma_tensor(shape(mVt));  // (d,rows,Hk,pages)
+      Tensor sK = smem_k()(_, _, kv.index());    // (BLK_N,D)
+      Tensor sVt = smem_vt()(_, _, kv.index());  // (D,BLK_N)
+      // K as soon as its buffer is free, then V (whose buffer the consumers release later).
+      uint64_t& bar_k = k_pipe.producer_acquire(kv, Traits::kKvBytes);
+      CUTE_UNROLL
+      for (int i = 0; i < kBlockN / kRows; ++i) {
+        const int key = n0 + i * kRows;
+        const int page = paged ? table[key >> params.page_size_log2] : batch;
+        Tensor gK = local_tile(mKr(_, _, head_k, page), TileK{},
+                               make_coord((paged ? key & (page_rows - 1) : key) / kRows, 0));  // (BOX,D)
+        Tensor sKi = local_tile(sK, TileK{}, make_coord(i, 0));                               // (BOX,D)
+        auto [tKg, tKs] = tma_partition(tma_k_, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sKi), group_modes<0, 2>(gK));
+        copy(tma_k_.with(bar_k), tKg, tKs);
+      }
+      uint64_t& bar_v = v_pipe.producer_acquire(kv, Traits::kKvBytes);
+      CUTE_UNROLL
+      for (int i = 0; i < kBlockN / kRows; ++i) {
+        const int key = n0 + i * kRows;
+        const int page = paged ? table[key >> params.page_size_log2] : batch;
+        Tensor gVt = local_tile(mVtr(_, _, head_k, page), TileVt_{},
+                                make_coord(0, (paged ? key & (page_rows - 1) : key) / kRows));  // (D,BOX)
+        Tensor sVti = local_tile(sVt, TileVt_{}, make_coord(0, i));                            // (D,BOX)
+        auto [tVg, tVs] = tma_partition(tma_v_, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sVti), group_modes<0, 2>(gVt));
+        copy(tma_v_.with(bar_v), tVg, tVs);
+      }
+      return true;
+    };
+    if (!ragged) {
+      bool loaded;
+      if (!paged || page_rows % kBlockN == 0) {
+        loaded = load_boxes(Int<kBlockN>{}, kp.tma_k, kp.tma_v);
+      } else if constexpr (Traits::kMidBoxRows > 0) {
+        loaded = page_rows >= Traits::kMidBoxRows ? load_boxes(Int<Traits::kMidBoxRows>{}, kp.tma_k_mid, kp.tma_v_mid)
+                                                  : load_boxes(Int<kBox>{}, kp.tma_k_box, kp.tma_v_box);
+      } else {
+        loaded = load_boxes(Int<kBox>{}, kp.tma_k_box, kp.tma_v_box);
+      }
+      if (loaded) return;
+    }
+    // Box i's page and its first row there; a box past the keys starts past the page (all zeros).
+    auto box_at = [&](int i, int& page, int& row) __attribute__((always_inline)) {
+      const int key = n0 + i * kBox;
+      if (key >= seqlen_k) {
+        page = 0, row = (page_rows + kBox - 1) / kBox * kBox;
+      } else if (paged) {
+        page = table[key >> params.page_size_log2], row = key & (page_rows - 1);
+      } else {
+        page = batch, row = key;
+      }
+    };
+    bool bad = false;
+    if (paged) {
+      CUTE_UNROLL
+      for (int i = 0; i < kBoxes; ++i) {
+        int page, row;
+        box_at(i, page, row);
+        bad = bad || bad_page(page);
+      }
+    }
+    const bool mend = (ragged && seqlen_k % kBox != 0) || bad;
+    uint64_t* bar_k = &storage.k_bar.full[kv.index()];
+    uint64_t* bar_v = &storage.v_bar.full[kv.index()];
+    if constexpr (Traits::kKvcache) {
+      if (mend) {
+        k_pipe.producer_wait(kv);
+        v_pipe.producer_wait(kv);
+        bar_k = bar_v = &storage.fix_bar;
+        cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(bar_k, 2 * Traits::kKvBytes);
+      } else {
+        k_pipe.producer_acquire(kv, Traits::kKvBytes);
+        v_pipe.producer_acquire(kv, Traits::kKvBytes);
+      }
+    }
+    Tensor sK = smem_k()(_, _, kv.index());    // (BLK_N,D)
+    Tensor sVt = smem_vt()(_, _, kv.index());  // (D,BLK_N)
+    Tensor mKb = kp.tma_k_box.get_tma_tensor(shape(mK));    // (rows,d,Hk,pages)
+    Tensor mVtb = kp.tma_v_box.get_tma_tensor(shape(mVt));  // (d,rows,Hk,pages)
+    CUTE_UNROLL
+    for (int i = 0; i < kBoxes; ++i) {
+      int page, row;
+      box_at(i, page, row);
+      if (bad_page(page)) page = -1;  // a coordinate TMA fills with zeros
+      Tensor gK = local_tile(mKb(_, _, head_k, page), TileBoxK{}, make_coord(row / kBox, 0));     // (BOX,D)
+      Tensor gVt = local_tile(mVtb(_, _, head_k, page), TileBoxVt{}, make_coord(0, row / kBox));  // (D,BOX)
+      Tensor sKi = local_tile(sK, TileBoxK{}, make_coord(i, 0));     // (BOX,D)
+      Tensor sVti = local_tile(sVt, TileBoxVt{}, make_coord(0, i));  // (D,BOX)
+      auto [tKg, tKs] = tma_partition(kp.tma_k_box, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sKi), group_modes<0, 2>(gK));
+      auto [tVg, tVs] = tma_partition(kp.tma_v_box, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sVti), group_modes<0, 2>(gVt));
+      copy(kp.tma_k_box.with(*bar_k), tKg, tKs);
+      copy(kp.tma_v_box.with(*bar_v), tVg, tVs);
+    }
+    if (!mend) return;
+    cutlass::arch::ClusterTransactionBarrier::wait(bar_k, fix_phase);
+    fix_phase ^= 1;
+    // Rows [r0, r1) of the block become `bits` in K, and in V too where `v` (16 bytes at a time:
+    // 8 elements of a row are contiguous in every swizzle).
+    auto fill = [&](int r0, int r1, uint32_t bits, bool v) {
+      const uint4 chunk = make_uint4(bits, bits, bits, bits);
+      for (int r = r0; r < r1; ++r) {
+        for (int c = 0; c < kHeadDim; c += 8) {
+          *reinterpret_cast<uint4*>(raw_pointer_cast(&sK(r, c))) = chunk;
+          if (v) *reinterpret_cast<uint4*>(raw_pointer_cast(&sVt(c, r))) = chunk;
+        }
+      }
+    };
+    if (bad) {
+      for (int i = 0; i < kBoxes; ++i) {
+        int page, row;
+        box_at(i, page, row);
+        if (bad_page(page)) fill(i * kBox, min(i * kBox + kBox, seqlen_k - n0), 0xffffffffu, false);  // NaN
+      }
+    }
+    if (ragged) fill(seqlen_k - n0, min(kBlockN, (seqlen_k - n0 + kBox - 1) / kBox * kBox), 0u, true);
+    cutlass::arch::fence_view_async_shared();  // the writes, before the consumers' wgmma reads
+    k_pipe.producer_commit(kv);
+    v_pipe.producer_commit(kv);
   }
 };
 
@@ -153,10 +321,10 @@ struct FwdMma {
     auto const& q_pipe = mainloop.q_pipe;
     auto const& k_pipe = mainloop.k_pipe;
     auto const& v_pipe = mainloop.v_pipe;
-    FwdMask<Traits> tile_mask = mask;  // varlen: set to each tile's sequence (set_sequence)
-    // A varlen tile's sequence (the mask's lengths, the epilogue's rows).
+    FwdMask<Traits> tile_mask = mask;  // varlen, KV cache: set to each tile's lengths (set_sequence)
+    // A varlen or KV-cache tile's lengths (the mask's; a varlen tile's rows for the epilogue).
     auto sequence = [&](const WorkTile& t) __attribute__((always_inline)) {
-      if constexpr (Traits::kVarlen) return t.sequence();
+      if constexpr (Traits::kTileLengths) return t.sequence();
       else return VarlenRows{};
     };
     const KeyMask& keys = tile_mask.keys;
@@ -293,7 +461,7 @@ struct FwdMma {
       const int m0 = tile.m_block * kBlockM;
       clear(acc_o);
       if (!first_done) softmax = OnlineSoftmax<kRows>(scale_log2);
-      if constexpr (Traits::kVarlen) {
+      if constexpr (Traits::kTileLengths) {
         if (!first_done) tile_mask.set_sequence(sequence(tile));  // (the early path set it for its tile)
       }
       // The first (last, possibly ragged) block this warpgroup computes: where the tile's first
@@ -380,7 +548,7 @@ struct FwdMma {
         bool early = false;
         if constexpr (kQStages == 2) early = !scheduler.done(next) && next.has_keys();
         if (early) {
-          if constexpr (Traits::kVarlen) tile_mask.set_sequence(sequence(next));
+          if constexpr (Traits::kTileLengths) tile_mask.set_sequence(sequence(next));
           // Its Q is in the other buffer; only the next S needs the next tile's Q and K, and acc_s
           // is free once P is converted. The next tile's blocks this warpgroup does not see go
           // back first, their K now and their V once this tile's last V is released: at most

@@ -78,10 +78,14 @@ struct TmaPipeline {
   // barrier passes the wait for parity 1 at once), then arms `full` with the bytes the TMA will
   // write. Returns the barrier the TMA load signals.
   CUTE_DEVICE uint64_t& producer_acquire(State s, uint32_t bytes) const {
-    Barrier::wait(&bar.empty[s.index()], s.phase() ^ 1);
+    producer_wait(s);
     TxBarrier::arrive_and_expect_tx(&bar.full[s.index()], bytes);
     return bar.full[s.index()];
   }
+  // The two halves of producer_acquire for a buffer the producer fills some other way: wait until
+  // it is free, then (its writes made visible to the async proxy) arrive with no bytes expected.
+  CUTE_DEVICE void producer_wait(State s) const { Barrier::wait(&bar.empty[s.index()], s.phase() ^ 1); }
+  CUTE_DEVICE void producer_commit(State s) const { Barrier::arrive(&bar.full[s.index()]); }
   CUTE_DEVICE void consumer_wait(State s) const { TxBarrier::wait(&bar.full[s.index()], s.phase()); }
   // After the warp's reads (its wgmma waited for) and with every lane past them. By buffer index
   // where the caller holds it already.

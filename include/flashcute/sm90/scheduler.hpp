@@ -32,6 +32,7 @@
 #include "flashcute/common/mask.hpp"
 #include "flashcute/common/params.hpp"
 #include "flashcute/common/seqlen.hpp"
+#include "flashcute/sm90/config.hpp"
 
 namespace flashcute::sm90 {
 
@@ -127,14 +128,14 @@ struct TileSchedule {
 };
 
 // A tile as the kernel works on it: its position in the walk, its (m_block, head, batch), and the
-// key blocks any of its rows sees, [n_block_min, n_block_max) (none: O = 0, lse = -inf). A varlen
-// kernel's tiles also carry their sequence (TileScheduler::rows), decoded with the tile (read
-// again where used instead, at the epilogue, d 256 spilled).
+// key blocks any of its rows sees, [n_block_min, n_block_max) (none: O = 0, lse = -inf). The
+// tiles of a varlen or KV-cache kernel also carry their lengths (TileScheduler::rows), decoded
+// with the tile (read again where used instead, at the epilogue, d 256 spilled).
 struct WorkTile {
   unsigned u, j;  // the walk's position (TileSchedule)
   bool valid;     // whether the position holds a tile
   int m_block, head, batch, n_block_min, n_block_max;
-  int q_start = 0, k_start = 0, seqlen_q = 0, seqlen_k = 0;  // varlen only
+  int q_start = 0, k_start = 0, seqlen_q = 0, seqlen_k = 0;  // varlen and KV cache only
   CUTE_HOST_DEVICE bool has_keys() const { return n_block_max > n_block_min; }
   CUTE_HOST_DEVICE VarlenRows sequence() const { return {q_start, k_start, seqlen_q, seqlen_k}; }
 };
@@ -145,7 +146,7 @@ struct WorkTile {
 // 32-bit arithmetic (sm90_can_run keeps the unit count below 2^31): a 64-bit division is a long
 // software routine, and every CTA decodes its first tile before its first load. The walk ends at
 // a position (u >= end), not at a flag: ptxas then proves every loop over the tiles warp-uniform.
-template <int kBlockM, int kBlockN, bool kVarlen = false>
+template <int kBlockM, int kBlockN, FwdMode kMode = FwdMode::kFixed>
 struct TileScheduler {
   const TileSchedule& walk;
   const FwdParams& params;
@@ -205,7 +206,7 @@ struct TileScheduler {
     tile.m_block = w.m_block;
     div_heads(tile.batch, tile.head, int(w.hb));
     KeyMask::Blocks blocks;
-    if constexpr (kVarlen) {
+    if constexpr (kMode != FwdMode::kFixed) {
       // The walk covers the longest sequence's query tiles; a shorter one's last ones hold none.
       const VarlenRows seq = rows(tile.batch);
       tile.q_start = seq.q_start, tile.k_start = seq.k_start, tile.seqlen_q = seq.seqlen_q, tile.seqlen_k = seq.seqlen_k;
@@ -219,8 +220,10 @@ struct TileScheduler {
     return tile;
   }
 
-  // Varlen: sequence b's rows and lengths, capped at the call's maxima (which size the walk).
+  // Varlen: sequence b's rows and lengths, capped at the call's maxima (which size the walk). KV
+  // cache: entry b's queries and its keys (cache_keys), from row 0 of its batch entry.
   CUTE_HOST_DEVICE VarlenRows rows(int b) const {
+    if constexpr (kMode == FwdMode::kKvcache) return VarlenRows{0, 0, params.seqlen_q, cache_keys(params, b)};
     VarlenRows r = varlen_rows(params.cu_seqlens_q, params.cu_seqlens_k, params.total_q, params.total_k, b);
     r.seqlen_q = cute::min(r.seqlen_q, params.seqlen_q);
     r.seqlen_k = cute::min(r.seqlen_k, params.seqlen_k);

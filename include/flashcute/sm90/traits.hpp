@@ -73,15 +73,23 @@ constexpr auto gmma_smem_atom() {
   }
 }
 
-// kVarlen: the kernel of a variable-length batch (cu_seqlens): each tile reads its sequence's
-// rows and lengths (WorkTile), the TMA tensors are one batch of total_q / total_k rows.
-template <DType kDType, FwdConfig kCfg, bool kVarlen_ = false>
+// A kernel for config kCfg over the batches kMode says (config.hpp, FwdMode).
+template <DType kDType, FwdConfig kCfg, FwdMode kMode = FwdMode::kFixed>
 struct FwdTraits {
   static_assert(validate(kCfg) == nullptr, "invalid sm90 FwdConfig: see flashcute::sm90::validate");
   using Element = typename ElementOf<kDType>::type;
 
   static constexpr FwdConfig kConfig = kCfg;
-  static constexpr bool kVarlen = kVarlen_;
+  static constexpr FwdMode kFwdMode = kMode;
+  static constexpr bool kVarlen = kMode == FwdMode::kVarlen;
+  static constexpr bool kKvcache = kMode == FwdMode::kKvcache;
+  // Each tile carries its own lengths (WorkTile::sequence), and the consumers' mask is set to them.
+  static constexpr bool kTileLengths = kMode != FwdMode::kFixed;
+  // A KV cache's K/V load: keys per TMA box, the smallest page size (and a divisor of block_n).
+  static constexpr int kBoxRows = 16;
+  // ... and in boxes of 64 keys, from pages of 64 keys or more, where a block is several of them
+  // (fewer TMA instructions: 16-key boxes cost d 128 about half its speed; 0: none).
+  static constexpr int kMidBoxRows = kCfg.block_n > 64 && kCfg.block_n % 64 == 0 ? 64 : 0;
   static constexpr int kBlockM = kCfg.block_m;
   static constexpr int kBlockN = kCfg.block_n;
   static constexpr int kHeadDim = kCfg.head_dim;
@@ -139,14 +147,44 @@ struct FwdTraits {
   using GmemVt = decltype(cute::make_tensor(cute::make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{},
                                             StrideVt{}));
   using TmaQ = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemQK{}, cute::take<0, 2>(SmemLayoutQ{})));
+  // kKvcache: one box of kRows keys, laid out as those rows of a K (V^T) buffer: each box fills a
+  // contiguous, whole-atom part of every 64-column slice of the buffer.
+  template <int kRows>
+  using SmemLayoutKRows = decltype(cute::tile_to_shape(gmma_smem_atom<Element, cute::GMMA::Major::K, kHeadDim>(),
+                                                       cute::Shape<cute::Int<kRows>, HeadDim>{}));  // (BOX,D)
+  template <int kRows>
+  using SmemLayoutVtRows = decltype(cute::tile_to_shape(gmma_smem_atom<Element, cute::GMMA::Major::MN, kHeadDim>(),
+                                                        cute::Shape<HeadDim, cute::Int<kRows>>{},
+                                                        cute::Step<cute::_2, cute::_1>{}));  // (D,BOX)
+  using SmemLayoutKBox = SmemLayoutKRows<kBoxRows>;
+  using SmemLayoutVtBox = SmemLayoutVtRows<kBoxRows>;
+  static_assert(kBlockN % kBoxRows == 0, "a key block is whole boxes");
+  // Whole key blocks (every mode; a KV cache's blocks that lie in one page and hold no row past
+  // the keys), and kKvcache's boxes.
   using TmaK = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemQK{}, cute::take<0, 2>(SmemLayoutK{})));
   using TmaV = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemVt{}, cute::take<0, 2>(SmemLayoutVt{})));
+  struct NoTma {};
+  using TmaKBox = std::conditional_t<
+      kKvcache, decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemQK{}, SmemLayoutKBox{})), NoTma>;
+  using TmaVBox = std::conditional_t<
+      kKvcache, decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemVt{}, SmemLayoutVtBox{})), NoTma>;
+  static constexpr int kMidRows = kMidBoxRows > 0 ? kMidBoxRows : kBoxRows;  // (a type for every config)
+  using TmaKMid = std::conditional_t<
+      (kKvcache && kMidBoxRows > 0),
+      decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemQK{}, SmemLayoutKRows<kMidRows>{})), NoTma>;
+  using TmaVMid = std::conditional_t<
+      (kKvcache && kMidBoxRows > 0),
+      decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemVt{}, SmemLayoutVtRows<kMidRows>{})), NoTma>;
 
   // Bytes one TMA load of a tile writes (out-of-bounds elements are zero-filled and count too).
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kKvBytes = kBlockN * kHeadDim * sizeof(Element);
 
   struct NoOStorage {};
+  struct NoFixStorage {};
+  // kKvcache: the producer's own barrier for a key block it mends before the consumers read it
+  // (FwdMainloop::load_cache_kv).
+  using FixStorage = std::conditional_t<kKvcache, uint64_t, NoFixStorage>;
   using OStorage =
       std::conditional_t<kCfg.o_smem, cute::array_aligned<Element, cute::cosize_v<SmemLayoutO>, 1024>, NoOStorage>;
   struct SharedStorage {
@@ -158,6 +196,7 @@ struct FwdTraits {
     PipelineBarriers<kQStages> q_bar;  // Q (persistent CTAs reload it per tile)
     PipelineBarriers<kStages> k_bar;
     PipelineBarriers<kStages> v_bar;
+    FixStorage fix_bar;
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= 227 * 1024, "shared storage exceeds 227 KB");
@@ -172,6 +211,10 @@ struct FwdKernelParams {
   typename Traits::TmaK tma_k;
   typename Traits::TmaV tma_v;
   FastDivmod div_heads;  // by params.nheads: a tile's (batch, head) from batch * nheads + head
+  typename Traits::TmaKBox tma_k_box;  // kKvcache only: the same arrays in boxes of kBoxRows keys
+  typename Traits::TmaVBox tma_v_box;
+  typename Traits::TmaKMid tma_k_mid;  // and in boxes of kMidBoxRows keys, where the config has them
+  typename Traits::TmaVMid tma_v_mid;
 };
 
 }  // namespace flashcute::sm90
