@@ -33,8 +33,8 @@ from flashcute.bench.run import run_point
 from flashcute.bench.timing import STANDARD, TURNS, Timing
 from flashcute.testing import Check
 
-MODULES = ("arrays", "check", "cli", "decode", "files", "grid", "impls", "report", "results", "run", "timing",
-           "varlen")
+MODULES = ("arrays", "check", "cli", "decode", "files", "grid", "impls", "prefill", "report", "results", "run",
+           "timing", "varlen")
 OPTIONAL = ("torch", "cupy", "numpy", "matplotlib", "rich")
 
 
@@ -856,6 +856,117 @@ def test_python_dash_m_decode_help():
     proc = subprocess.run([sys.executable, "-m", "flashcute.bench", "decode", "--help"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert "--page" in proc.stdout and "--graph" in proc.stdout and "--timing" in proc.stdout
+
+
+# ----------------------------------------------------------------------------------------- prefill
+
+
+def test_prefill_mode_parses_and_needs_torch_with_a_gpu(monkeypatch, capsys, tmp_path):
+    from flashcute.bench import prefill
+
+    a = prefill.build_parser().parse_args([])
+    assert (a.news, a.caches, a.batch, a.heads, a.headdim) == ([512, 1024, 2048, 4096], [4096, 16384, 65536], 1,
+                                                               [(32, 8)], 128)
+    assert a.causal and a.graph and a.pages == [16, 64] and a.paths == ["auto"]  # CUDA-graph replays by default
+    argv = "--news 256 --caches 0,8192 --heads 16:16 --no-causal --eager --pages 128 --paths sm90,sm80,sm90"
+    a = prefill.build_parser().parse_args(argv.split())
+    assert (a.news, a.caches, a.heads, a.causal, a.graph) == ([256], [0, 8192], [(16, 16)], False, False)
+    assert a.pages == [128] and a.paths == ["sm90", "sm80"]
+    parser = prefill.build_parser()
+    turns = parser.parse_args(["--timing", "turns", "--rounds", "4", "--iters", "8"])
+    assert prefill.parse_timing(parser, turns) == Timing(TURNS, 5, 8, 4)
+    assert prefill.subject_names([16, 64], ["auto"]) == ["fc", "fc-paged16", "fc-paged64", "fc-fixed", "sdpa-flash",
+                                                         "sdpa-cudnn"]
+    assert prefill.subject_names([64], ["auto", "sm80"])[:4] == ["fc", "fc-paged64", "fc@sm80", "fc-paged64@sm80"]
+    monkeypatch.setitem(sys.modules, "torch", None)
+    assert cli.main(["prefill", "--out-dir", str(tmp_path)]) == 1
+    assert "flashcute.bench prefill: needs torch with a CUDA device" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("new,cached", [(1, 0), (5, 0), (3, 7), (8, 2)])
+def test_prefill_flops_count_the_visible_pairs(new, cached):
+    from flashcute.bench import prefill
+
+    seqlen_k = cached + new  # bottom-right aligned: query i sees keys j <= i + seqlen_k - new
+    visible = sum(j <= i + seqlen_k - new for i in range(new) for j in range(seqlen_k))
+    assert prefill.prefill_flops(2, 3, 8, new, cached, causal=True) == 4 * 2 * 3 * 8 * visible
+    assert prefill.prefill_flops(2, 3, 8, new, cached, causal=False) == 4 * 2 * 3 * 8 * new * seqlen_k
+    if cached == 0:  # no cache: the fixed-length causal count, s * (s + 1) / 2 pairs
+        assert visible == new * (new + 1) // 2
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--rounds", "2"], ["--iters", "0"], ["--pages", "24"], ["--pages", "8"], ["--paths", "sm70"],
+     ["--paths", ","], ["--heads", "32:5"], ["--news", "0"], ["--caches", "-1"], ["--headdim", "100"],
+     ["--batch", "0"], ["--news", "1k"]],
+)
+def test_prefill_usage_errors(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["prefill", *argv])
+    assert exc.value.code == 2
+    assert "python -m flashcute.bench prefill: error: " in capsys.readouterr().err  # prefill's parser, not the forward's
+
+
+def _prefill_row(prefill: Any, new: int, cached: int, ms: dict[str, float]) -> dict[str, Any]:
+    flops = prefill.prefill_flops(1, 32, 128, new, cached, True)
+    return {"batch": 1, "new": new, "cached": cached, "nheads": 32, "nheads_k": 8, "headdim": 128, "causal": True,
+            "flops": flops, "ms": ms, "tflops": {n: flops / (t * 1e-3) / 1e12 for n, t in ms.items()},
+            "path": {n: "sm90" for n in ms if n.startswith("fc")}, "max_abs_diff_vs_fixed": {"fc": 1e-3},
+            "unavailable": {"sdpa-cudnn": "RuntimeError: No available kernel"}}
+
+
+def test_prefill_main_reports_and_writes_the_points(monkeypatch, capsys, tmp_path):
+    """main on fake points (no GPU here): the per-point line with the ratios, the CSV, the JSON, the summary."""
+    from flashcute.bench import prefill
+
+    class FakeLib:
+        m = types.SimpleNamespace(__version__="2.11.0", cuda=types.SimpleNamespace(
+            get_device_name=lambda: "Fake GPU", empty_cache=lambda: None))
+
+        def device_info(self) -> DeviceInfo:
+            return DeviceInfo("Fake GPU", "9.0", 132, 50 << 20, 80 << 30)
+
+        def l2_flusher(self, nbytes: int) -> Any:
+            return lambda: None
+
+    seen = []
+
+    def fake_point(lib, how, graph, flush, b, new, cached, h, hk, d, causal, pages, paths):
+        seen.append((new, cached, pages, paths, graph))
+        return _prefill_row(prefill, new, cached, {"fc": 1.0, "fc-paged16": 1.25, "fc-fixed": 0.8, "sdpa-flash": 2.0})
+
+    monkeypatch.setattr(prefill.TorchLib, "load", classmethod(lambda cls: FakeLib()))
+    monkeypatch.setattr(flashcute, "is_available", lambda: True)
+    monkeypatch.setattr(prefill, "run_point", fake_point)
+    argv = ["--news", "512,1024", "--caches", "4096", "--pages", "16", "--no-plot", "--out-dir", str(tmp_path)]
+    assert prefill.main(argv) == 0
+    assert seen == [(512, 4096, [16], ["auto"], True), (1024, 4096, [16], ["auto"], True)]
+    out = capsys.readouterr().out.splitlines()
+    point = next(x for x in out if x.startswith(" 32:8    512"))
+    assert "0.80/2.00 sm90" in point and "0.64/1.60 sm90" in point and point.endswith("| 1.0e-03")
+    assert sum("sdpa-cudnn n/a: RuntimeError: No available kernel" in x for x in out) == 1  # said once
+    assert out[-1] == ("flashcute.bench prefill summary [Fake GPU, standard timing]: fc/fc-fixed min 0.80 geomean "
+                       "0.80; fc/best-sdpa min 2.00 geomean 2.00; fc-paged16/fc-fixed min 0.64 geomean 0.64; "
+                       "fc-paged16/best-sdpa min 1.60 geomean 1.60")
+    (csv_path,) = tmp_path.glob("prefill-*.csv")
+    rows = list(csv.DictReader(csv_path.open()))
+    assert len(rows) == 2 * 4 and rows[0]["impl"] == "fc" and rows[0]["path"] == "sm90"
+    assert (rows[0]["causal"], rows[0]["vs_fixed"], rows[0]["vs_best_sdpa"]) == ("1", "0.8000", "2.0000")
+    assert int(rows[0]["flops"]) == 4 * 32 * 128 * (512 * 4096 + 512 * 513 // 2)
+    (json_path,) = tmp_path.glob("prefill-*.json")
+    doc = json.loads(json_path.read_text())
+    assert doc["meta"]["paths"] == ["auto"] and doc["meta"]["timing_kind"] == "standard"
+    assert [p["new"] for p in doc["points"]] == [512, 1024]
+
+
+def test_python_dash_m_prefill_help():
+    proc = subprocess.run([sys.executable, "-m", "flashcute.bench", "prefill", "--help"], capture_output=True,
+                          text=True)
+    assert proc.returncode == 0, proc.stderr
+    for option in ("--news", "--caches", "--pages", "--paths", "--graph", "--no-causal", "--timing"):
+        assert option in proc.stdout
 
 
 # ------------------------------------------------------------------------------ benchmarks/bwd_speed

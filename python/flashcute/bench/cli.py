@@ -279,7 +279,8 @@ def write_outputs(
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the benchmark; returns the exit code (see the package docstring). A first argument
     ``decode`` runs the KV-cache decode benchmark instead (:mod:`.decode`), ``varlen`` the packed
-    against padded prefill (:mod:`.varlen`)."""
+    against padded prefill (:mod:`.varlen`), ``prefill`` many new tokens over a KV cache
+    (:mod:`.prefill`)."""
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["decode"]:
         from . import decode
@@ -289,6 +290,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from . import varlen
 
         return varlen.main(args[1:])
+    if args[:1] == ["prefill"]:
+        from . import prefill
+
+        return prefill.main(args[1:])
     cfg = parse_args(argv)
     try:
         try:
