@@ -164,11 +164,15 @@ struct FwdMainloop {
       constexpr int kRows = decltype(rows)::value;
       using TileK = Shape<Int<kRows>, Int<kHeadDim>>;
       using TileVt_ = Shape<Int<kHeadDim>, Int<kRows>>;
-      if (paged) {
-        CUTE_UNROLL
-        for (int i = 0; i < kBlockN / kRows; ++i)
-          if (bad_page(table[(n0 + i * kRows) >> params.page_size_log2])) return false;
+      // Every page first: independent loads, none behind a TMA instruction.
+      int page[kBlockN / kRows];
+      bool bad = false;
+      CUTE_UNROLL
+      for (int i = 0; i < kBlockN / kRows; ++i) {
+        page[i] = paged ? table[(n0 + i * kRows) >> params.page_size_log2] : batch;
+        bad = bad || bad_page(page[i]);
       }
+      if (bad) return false;
       Tensor mKr = tma_k_.get_tma_tensor(shape(mK));    // (rows,d,Hk,pages)
       Tensor mVtr = tma_v_.get_tma_tensor(shape(mVt));  // (d,rows,Hk,pages)
       Tensor sK = smem_k()(_, _, kv.index());    // (BLK_N,D)
@@ -178,8 +182,7 @@ struct FwdMainloop {
       CUTE_UNROLL
       for (int i = 0; i < kBlockN / kRows; ++i) {
         const int key = n0 + i * kRows;
-        const int page = paged ? table[key >> params.page_size_log2] : batch;
-        Tensor gK = local_tile(mKr(_, _, head_k, page), TileK{},
+        Tensor gK = local_tile(mKr(_, _, head_k, page[i]), TileK{},
                                make_coord((paged ? key & (page_rows - 1) : key) / kRows, 0));  // (BOX,D)
         Tensor sKi = local_tile(sK, TileK{}, make_coord(i, 0));                               // (BOX,D)
         auto [tKg, tKs] = tma_partition(tma_k_, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sKi), group_modes<0, 2>(gK));
@@ -189,8 +192,7 @@ struct FwdMainloop {
       CUTE_UNROLL
       for (int i = 0; i < kBlockN / kRows; ++i) {
         const int key = n0 + i * kRows;
-        const int page = paged ? table[key >> params.page_size_log2] : batch;
-        Tensor gVt = local_tile(mVtr(_, _, head_k, page), TileVt_{},
+        Tensor gVt = local_tile(mVtr(_, _, head_k, page[i]), TileVt_{},
                                 make_coord(0, (paged ? key & (page_rows - 1) : key) / kRows));  // (D,BOX)
         Tensor sVti = local_tile(sVt, TileVt_{}, make_coord(0, i));                            // (D,BOX)
         auto [tVg, tVs] = tma_partition(tma_v_, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sVti), group_modes<0, 2>(gVt));
