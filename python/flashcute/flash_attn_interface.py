@@ -364,7 +364,10 @@ def flash_attn_with_kvcache(
     The query heads of one KV head are processed together when seqlen_q is 1 and there is no
     window, so each cached byte is read once per KV head. ``num_splits=0`` splits the keys of each
     (batch entry, KV head) over several CTAs when the batch and the heads alone would leave SMs
-    idle, and merges the parts by their logsumexp.
+    idle, and merges the parts by their logsumexp. On a compute capability 9.0 GPU (H100, H200),
+    calls of 64 query rows or more (chunked prefill, prefix caching) run on the Hopper kernels in
+    one pass instead: ``num_splits`` is not used there (``FLASHCUTE_FORWARD_PATH=sm80`` keeps them
+    on the split-KV kernels).
 
     Arguments:
         q: (batch, seqlen_q, nheads, headdim), float16 or bfloat16.
@@ -384,7 +387,8 @@ def flash_attn_with_kvcache(
             unaffected. Entries past a sequence's keys are never read, so they may hold anything
             (-1 padding, say).
         softmax_scale, causal, window_size, softcap: as in :func:`flash_attn_func`.
-        num_splits: 0 chooses; 1 never splits; n > 1 splits the keys n ways (at most 128).
+        num_splits: 0 chooses; 1 never splits; n > 1 splits the keys n ways (at most 128); the
+            split-KV kernels' setting (see above).
         rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, alibi_slopes: FlashAttention-2
             features not built yet: only None (NotImplementedError otherwise). rotary_interleaved
             is then ignored.
