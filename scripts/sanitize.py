@@ -286,6 +286,7 @@ class VarlenCase:
 VARLEN_CASES: tuple[VarlenCase, ...] = (
     VarlenCase("varlen-ragged-causal", (17, 1, 0, 300), (17, 40, 5, 300), 4, 2, 64, causal=True),
     VarlenCase("varlen-gqa-window", (200, 129, 77), (150, 129, 300), 8, 2, 128, window=(40, 7)),
+    VarlenCase("varlen-equal-causal", (192, 192, 192), (100, 192, 250), 4, 2, 128, causal=True),  # sm90: the longest's walk
     VarlenCase("varlen-out-of-range", (64, 64, 64), (48, 48, 48), 2, 2, 64, causal=True,
                cu=((0, 1 << 30, -5, 192), (-100, 10, 9, 1 << 20))),
     # Sequences 0 and 2 both take rows [0, 300) (1 is empty): their sm90 workspace blocks overlap.

@@ -114,6 +114,82 @@ TEST(Sm90Scheduler, EveryTileOnceWithAndWithoutATail) {
   }
 }
 
+// The varlen walk (TileScheduler<..., FwdMode::kVarlenMixed>::at_varlen): for random, empty, one-row, ragged
+// and garbage (descending, out of range) cu_seqlens, every CTA's walk together gives each query
+// tile of each (sequence, head) exactly once, as the sequence's lengths (clamped, capped at the
+// maxima) have them, with the key blocks of the sequence's mask, and nothing else.
+TEST(Sm90Scheduler, VarlenWalkGivesEveryTileOnce) {
+  constexpr int kBlockM = 128, kBlockN = 80;
+  uint64_t x = 0x9e3779b97f4a7c15ull;
+  auto rnd = [&](int n) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    return int(x % uint64_t(n));
+  };
+  for (int trial = 0; trial < 60; ++trial) {
+    const int batch = 1 + rnd(40), nheads = 1 + rnd(5);
+    std::vector<int> cu_q{0}, cu_k{0};
+    for (int b = 0; b < batch; ++b) {
+      const int pick = rnd(4);
+      cu_q.push_back(cu_q.back() + (pick == 0 ? 0 : pick == 1 ? 1 : rnd(2000)));
+      cu_k.push_back(cu_k.back() + (rnd(5) == 0 ? 0 : rnd(2000)));
+    }
+    if (trial % 10 == 9) {  // garbage: descending and out-of-range entries
+      cu_q[1 + rnd(batch)] = -7;
+      cu_k[rnd(batch + 1)] = 1 << 30;
+      cu_q[rnd(batch + 1)] = cu_q.back() + 500;
+    }
+    flashcute::FwdParams p;
+    p.batch = batch, p.nheads = p.nheads_k = nheads;
+    p.cu_seqlens_q = cu_q.data(), p.cu_seqlens_k = cu_k.data();
+    p.total_q = std::max(1, cu_q.back()), p.total_k = std::max(1, cu_k.back());
+    p.seqlen_q = 1 + rnd(2000), p.seqlen_k = 1 + rnd(2000);  // maxima below some lengths: capped
+    const bool causal = trial % 2 == 0;
+    p.window_left = causal ? -1 : (trial % 3 == 0 ? 100 : -1);
+    p.window_right = causal ? 0 : (trial % 3 == 0 ? 7 : -1);
+    const flashcute::KeyMask keys{p.seqlen_k, p.seqlen_k - p.seqlen_q, p.window_left, p.window_right};
+    const unsigned m_blocks = unsigned((p.seqlen_q + kBlockM - 1) / kBlockM);
+    const unsigned ctas = 1 + unsigned(rnd(20));
+    const TileSchedule s = flashcute::sm90::make_tile_schedule(causal, m_blocks, unsigned(batch * nheads), ctas);
+    const flashcute::sm90::FastDivmod div_heads(nheads);
+    SCOPED_TRACE(::testing::Message() << "trial " << trial << ", batch " << batch << ", ctas " << ctas);
+    std::vector<int> seen(size_t(batch) * nheads * m_blocks, 0);
+    for (unsigned cta = 0; cta < ctas; ++cta) {
+      const flashcute::sm90::TileScheduler<kBlockM, kBlockN, flashcute::sm90::FwdMode::kVarlenMixed> walk(s, p, div_heads, keys, cta, ctas);
+      int steps = 0;
+      for (flashcute::sm90::WorkTile t = walk.first(); !walk.done(t); t = walk.next(t)) {
+        ASSERT_LT(++steps, 1 << 20) << "the walk does not end";
+        ASSERT_TRUE(t.valid);
+        ASSERT_GE(t.batch, 0);
+        ASSERT_LT(t.batch, batch);
+        ASSERT_LT(t.head, nheads);
+        const flashcute::VarlenRows seq = walk.rows(t.batch);
+        EXPECT_EQ(t.q_start, seq.q_start);
+        EXPECT_EQ(t.k_start, seq.k_start);
+        EXPECT_EQ(t.seqlen_q, seq.seqlen_q);
+        EXPECT_EQ(t.seqlen_k, seq.seqlen_k);
+        EXPECT_LE(seq.seqlen_q, p.seqlen_q);
+        EXPECT_LE(seq.q_start + seq.seqlen_q, p.total_q);
+        ASSERT_GE(t.m_block, 0);
+        ASSERT_LT(t.m_block * kBlockM, seq.seqlen_q);
+        const flashcute::KeyMask sk{seq.seqlen_k, seq.seqlen_k - seq.seqlen_q, p.window_left, p.window_right};
+        const flashcute::KeyMask::Blocks kb = sk.key_blocks(t.m_block * kBlockM, kBlockM, seq.seqlen_q, kBlockN);
+        EXPECT_EQ(t.n_block_min, kb.first);
+        EXPECT_EQ(t.n_block_max, kb.last);
+        ++seen[(size_t(t.batch) * nheads + t.head) * m_blocks + t.m_block];
+      }
+    }
+    flashcute::sm90::TileScheduler<kBlockM, kBlockN, flashcute::sm90::FwdMode::kVarlenMixed> any(s, p, div_heads, keys, 0, ctas);
+    for (int b = 0; b < batch; ++b) {
+      const int m = (any.rows(b).seqlen_q + kBlockM - 1) / kBlockM;
+      for (int h = 0; h < nheads; ++h)
+        for (int i = 0; i < int(m_blocks); ++i)
+          EXPECT_EQ(seen[(size_t(b) * nheads + h) * m_blocks + i], i < m ? 1 : 0)
+              << "sequence " << b << ", head " << h << ", query tile " << i;
+    }
+  }
+}
+
+
 TEST(Sm90Scheduler, TheTailEvensOutCausalRounds) {
   using flashcute::sm90::make_tile_schedule;
   using flashcute::sm90::plan_tile_schedule;

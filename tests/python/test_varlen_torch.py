@@ -53,6 +53,10 @@ CASES = [
     Case((250, 64), (250, 64), d=256, softcap=20.0),
     Case((300, 33, 65), (310, 1, 64), h=4, hk=4, d=96, causal=True, window=(-1, 16)),
     Case((70, 130), (130, 70), d=40),                              # padded to kernel head dim 64
+    # Equal query lengths: on sm90 the walk over the longest sequence's tiles (the others take the
+    # walk over the sequences' units).
+    Case((256, 256, 256), (256, 256, 256), h=4, hk=2, d=128, causal=True),
+    Case((200, 200), (150, 260), d=64),
 ]
 
 

@@ -15,11 +15,14 @@ namespace flashcute::sm90 {
 // What a kernel reads, besides its config (FwdTraits, traits.hpp):
 // - kFixed: a fixed-length batch;
 // - kVarlen: a variable-length batch (cu_seqlens): each tile reads its sequence's rows and lengths
-//   (WorkTile), the TMA tensors are one batch of total_q / total_k rows;
+//   (WorkTile), the TMA tensors are one batch of total_q / total_k rows; the walk is the
+//   fixed-length one over the longest sequence's tiles (sequences of equal length);
+// - kVarlenMixed: the same batch, walked over the units of the sequences that exist
+//   (TileScheduler::at_varlen; sequences of different lengths);
 // - kKvcache: a KV cache, contiguous or paged: each tile reads its entry's key count
 //   (cache_seqlens), and K and V come in boxes of kBoxRows keys, each from its page
 //   (FwdMainloop::load_cache_kv).
-enum class FwdMode : uint8_t { kFixed, kVarlen, kKvcache };
+enum class FwdMode : uint8_t { kFixed, kVarlen, kVarlenMixed, kKvcache };
 
 struct FwdConfig {
   int head_dim;    // columns of the Q/K/V tiles in shared memory

@@ -56,10 +56,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
     typename Mainloop::QState q;
     typename Mainloop::KvState kv;
     uint32_t fix_phase = 0;
-    for (WorkTile pos = scheduler.start(); !scheduler.done(pos); scheduler.step(pos)) {
-      const WorkTile tile = scheduler.at(pos.u, pos.j);
-      if (!tile.valid || !tile.has_keys()) continue;
-      mainloop.load(tile, tile.sequence(), q, kv, fix_phase);
+    if constexpr (Traits::kFwdMode == FwdMode::kVarlenMixed) {  // a walk that decodes as it steps (at_varlen)
+      for (WorkTile tile = scheduler.first(); !scheduler.done(tile); tile = scheduler.next(tile))
+        if (tile.has_keys()) mainloop.load(tile, tile.sequence(), q, kv, fix_phase);
+    } else {
+      for (WorkTile pos = scheduler.start(); !scheduler.done(pos); scheduler.step(pos)) {
+        const WorkTile tile = scheduler.at(pos.u, pos.j);
+        if (tile.valid && tile.has_keys()) mainloop.load(tile, tile.sequence(), q, kv, fix_phase);
+      }
     }
     return;
   }

@@ -88,7 +88,12 @@ Status launch_fwd_with(const FwdParams& params, cudaStream_t stream) {
   const unsigned heads_batch = unsigned(params.nheads) * unsigned(params.batch);
   const unsigned units = (causal ? (m_blocks + 1) / 2 : m_blocks) * heads_batch;
   TileSchedule schedule = make_tile_schedule(causal, m_blocks, heads_batch, units);  // one CTA per unit
-  if (causal || (params.window_left < 0 && params.window_right < 0)) {
+  if constexpr (Traits::kFwdMode == FwdMode::kVarlenMixed) {
+    // The units of the sequences that exist (at most `units`), one persistent CTA per SM
+    // (TileScheduler::at_varlen), windows too; no tail.
+    const int sms = device_sms();
+    if (sms > 0 && units > unsigned(sms)) schedule = make_tile_schedule(causal, m_blocks, heads_batch, unsigned(sms));
+  } else if (causal || (params.window_left < 0 && params.window_right < 0)) {
     const int sms = device_sms();
     if (sms > 0) {
       // A query tile's cost: its key blocks, plus one for what a tile costs beyond them (its first
@@ -128,10 +133,16 @@ Status launch_fwd_long(const FwdParams& params, cudaStream_t stream) {
 
 // The same kernel for a variable-length batch (cu_seqlens), on the first table's config, in a
 // generated translation unit of its own (sm90_fwd_<dtype>_hdim<d>_varlen); host/dispatch.hpp
-// takes it for varlen calls. The walk covers the longest sequence (params.seqlen_q: max_seqlen_q).
+// takes it for varlen calls. Where every sequence has max_seqlen_q queries (total_q = batch x
+// max_seqlen_q, known on the host), the fixed-length walk over the longest sequence's tiles
+// (FwdMode::kVarlen: as fast as the fixed-length call there); else the walk over the units of
+// the sequences that exist (kVarlenMixed), which leaves no empty position.
 template <DType kDType, int kHeadDim>
 Status launch_fwd_varlen(const FwdParams& params, cudaStream_t stream) {
-  return launch_fwd_with<FwdTraits<kDType, default_fwd_config(kHeadDim), FwdMode::kVarlen>>(params, stream);
+  constexpr FwdConfig kCfg = default_fwd_config(kHeadDim);
+  if (int64_t(params.total_q) == int64_t(params.batch) * params.seqlen_q)
+    return launch_fwd_with<FwdTraits<kDType, kCfg, FwdMode::kVarlen>>(params, stream);
+  return launch_fwd_with<FwdTraits<kDType, kCfg, FwdMode::kVarlenMixed>>(params, stream);
 }
 
 // The same kernel over a KV cache, contiguous or paged (cache_seqlens, block_table), on the first

@@ -165,13 +165,24 @@ struct TileScheduler {
     end = walk.tail_tiles > 0 ? walk.end : unit_m * unsigned(params.nheads) * unsigned(params.batch);
   }
 
-  CUTE_HOST_DEVICE bool done(const WorkTile& tile) const { return tile.u >= end; }
+  // The walk over the units of the sequences that exist (FwdMode::kVarlenMixed, at_varlen).
+  static constexpr bool kUnits = kMode == FwdMode::kVarlenMixed;
 
-  // The consumers' walk: this CTA's first tile (done() where a tail round deals it none), then
-  // the tile after each, skipping positions that hold none (done() past the last).
+  // kUnits: past the last sequence (at_varlen's cursor ran out).
+  CUTE_HOST_DEVICE bool done(const WorkTile& tile) const {
+    if constexpr (kUnits) return tile.batch >= params.batch;
+    else return tile.u >= end;
+  }
+
+  // The consumers' walk (and kUnits' producer's): this CTA's first tile (done() where a tail round
+  // deals it none), then the tile after each, skipping positions that hold none (done() past the
+  // last).
   CUTE_HOST_DEVICE WorkTile first() const {
     WorkTile tile = start();
-    if (!done(tile)) {
+    if constexpr (kUnits) {
+      tile = at_varlen(tile.u, 0, 0);
+      if (!done(tile) && !tile.valid) tile = next(tile);
+    } else if (!done(tile)) {
       tile = at(tile.u, 0);
       if (!tile.valid) tile = next(tile);
     }
@@ -181,8 +192,13 @@ struct TileScheduler {
     WorkTile n = tile;
     do {
       step(n);
-      if (done(n)) break;
-      n = at(n.u, n.j);
+      if constexpr (kUnits) {
+        n = at_varlen(n.u, n.j, n.batch);
+        if (done(n)) break;
+      } else {
+        if (done(n)) break;
+        n = at(n.u, n.j);
+      }
     } while (!n.valid);
     return n;
   }
@@ -215,6 +231,46 @@ struct TileScheduler {
     } else {
       blocks = keys.key_blocks(tile.m_block * kBlockM, kBlockM, params.seqlen_q, kBlockN);
     }
+    tile.n_block_min = blocks.first;
+    tile.n_block_max = blocks.last;
+    return tile;
+  }
+
+  // kUnits: the units (a query tile, or a causal pair of one sequence's tiles p and m - 1 - p) of
+  // the sequences that exist, in order (sequence, head, p), dealt round-robin as above: no position
+  // is empty but a pair's missing second tile, whatever the lengths. The position is (sequence b,
+  // unit u of it), u counted from the sequence's first unit, and found from the CTA's previous
+  // tile's, which only moves forward: a CTA reads each sequence's lengths once on the way.
+  CUTE_HOST_DEVICE WorkTile at_varlen(unsigned u, unsigned j, int b) const {
+    WorkTile tile;
+    tile.j = j;
+    tile.valid = false;
+    VarlenRows seq{};
+    unsigned m = 0, unit_m_b = 0;  // the sequence's query tiles and units per head
+    for (;; ++b) {
+      if (b >= params.batch) {  // past the last unit: done()
+        tile.u = u, tile.batch = params.batch;
+        tile.m_block = tile.head = tile.n_block_min = tile.n_block_max = 0;
+        return tile;
+      }
+      seq = rows(b);
+      m = unsigned(cute::ceil_div(seq.seqlen_q, kBlockM));
+      unit_m_b = walk.pair_tiles ? (m + 1) / 2 : m;
+      const unsigned units = unit_m_b * unsigned(params.nheads);
+      if (u < units) break;
+      u -= units;
+    }
+    const unsigned head = u / unit_m_b, p = u - head * unit_m_b;
+    tile.u = u, tile.batch = b, tile.head = int(head);
+    if (walk.pair_tiles) {
+      tile.m_block = int(j == 0 ? m - 1 - p : p);
+      tile.valid = j == 0 || p != m - 1 - p;
+    } else {
+      tile.m_block = int(p);
+      tile.valid = true;
+    }
+    tile.q_start = seq.q_start, tile.k_start = seq.k_start, tile.seqlen_q = seq.seqlen_q, tile.seqlen_k = seq.seqlen_k;
+    const KeyMask::Blocks blocks = sequence_keys(seq).key_blocks(tile.m_block * kBlockM, kBlockM, seq.seqlen_q, kBlockN);
     tile.n_block_min = blocks.first;
     tile.n_block_max = blocks.last;
     return tile;

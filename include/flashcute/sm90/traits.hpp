@@ -81,7 +81,7 @@ struct FwdTraits {
 
   static constexpr FwdConfig kConfig = kCfg;
   static constexpr FwdMode kFwdMode = kMode;
-  static constexpr bool kVarlen = kMode == FwdMode::kVarlen;
+  static constexpr bool kVarlen = kMode == FwdMode::kVarlen || kMode == FwdMode::kVarlenMixed;
   static constexpr bool kKvcache = kMode == FwdMode::kKvcache;
   // Each tile carries its own lengths (WorkTile::sequence), and the consumers' mask is set to them.
   static constexpr bool kTileLengths = kMode != FwdMode::kFixed;
