@@ -187,7 +187,12 @@ def line(r: dict[str, Any], copy: float) -> str:
             f"{r['num_splits']:6d} | {cells} | {t['fc'] / copy:7.2f} {ratio} {t['fc-paged'] / t['fc']:8.2f}")
 
 
-def write_plot(path: Path, rows: Sequence[dict[str, Any]], copy: float, title: str) -> bool:
+def plot_panels(path: Path, rows: Sequence[dict[str, Any]], panel: Callable[[dict[str, Any]], tuple],
+                panel_title: Callable[[tuple], str], x: str, y: str, names: Sequence[str], title: str,
+                xlabel: str, ylabel: str, hline: tuple[float, str] | None = None) -> bool:
+    """A PNG with a panel per distinct panel(row), a line per name: row[y][name] against row[x] (log2
+    x axis), and `hline` (value, label) dashed across each. False, writing nothing, without
+    matplotlib. decode and prefill plot with it."""
     try:
         import matplotlib
 
@@ -195,20 +200,21 @@ def write_plot(path: Path, rows: Sequence[dict[str, Any]], copy: float, title: s
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    panels = list(dict.fromkeys((r["nheads"], r["nheads_k"], r["batch"]) for r in rows))
+    panels = list(dict.fromkeys(panel(r) for r in rows))
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), squeeze=False, sharey=True)
-    for ax, (h, hk, b) in zip(axes[0], panels):
-        sel = [r for r in rows if (r["nheads"], r["nheads_k"], r["batch"]) == (h, hk, b)]
-        for impl in IMPLS:
-            pts = [(r["seqlen_k"], r["tbps"][impl]) for r in sel if impl in r["tbps"]]
+    for ax, key in zip(axes[0], panels):
+        sel = [r for r in rows if panel(r) == key]
+        for name in names:
+            pts = [(r[x], r[y][name]) for r in sel if name in r[y]]
             if pts:
-                ax.plot(*zip(*pts), marker="o", label=impl)
-        ax.axhline(copy, color="gray", ls="--", lw=1, label="copy")
+                ax.plot(*zip(*pts), marker="o", label=name)
+        if hline is not None:
+            ax.axhline(hline[0], color="gray", ls="--", lw=1, label=hline[1])
         ax.set_xscale("log", base=2)
-        ax.set_title(f"batch {b}, heads {h}:{hk}")
-        ax.set_xlabel("seqlen_k")
+        ax.set_title(panel_title(key))
+        ax.set_xlabel(xlabel)
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("TB/s of K+V")
+    axes[0][0].set_ylabel(ylabel)
     axes[0][0].legend(fontsize=7)
     fig.suptitle(title)
     fig.tight_layout()
@@ -217,22 +223,38 @@ def write_plot(path: Path, rows: Sequence[dict[str, Any]], copy: float, title: s
     return True
 
 
+def write_plot(path: Path, rows: Sequence[dict[str, Any]], copy: float, title: str) -> bool:
+    return plot_panels(path, rows, lambda r: (r["nheads"], r["nheads_k"], r["batch"]),
+                       lambda k: f"batch {k[2]}, heads {k[0]}:{k[1]}", "seqlen_k", "tbps", IMPLS, title,
+                       "seqlen_k", "TB/s of K+V", hline=(copy, "copy"))
+
+
+def open_torch(prog: str, how: Timing) -> tuple[TorchLib, int | None, Callable[[], None] | None] | None:
+    """torch with a CUDA device flashcute runs on, and the L2 flush `how` asks for: (lib, flush
+    bytes, flusher; None and None without flushes), or None once stderr says why not. decode and
+    prefill open it so."""
+    try:
+        lib = TorchLib.load()
+    except Exception as exc:  # LibraryUnavailable: no torch, or no GPU
+        print(f"{prog}: needs torch with a CUDA device ({exc})", file=sys.stderr)
+        return None
+    if not flashcute.is_available():
+        print(f"{prog}: flashcute cannot run: {flashcute.cuda_status()}", file=sys.stderr)
+        return None
+    flush_nbytes = timing.flush_bytes(lib.device_info().l2_bytes) if how.flushes else None
+    return lib, flush_nbytes, (lib.l2_flusher(flush_nbytes) if flush_nbytes else None)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     a = parser.parse_args(argv)
     how = parse_timing(parser, a)
-    try:
-        lib = TorchLib.load()
-    except Exception as exc:  # LibraryUnavailable: no torch, or no GPU
-        print(f"{PROG}: needs torch with a CUDA device ({exc})", file=sys.stderr)
+    opened = open_torch(PROG, how)
+    if opened is None:
         return 1
+    lib, flush_nbytes, flush = opened
     torch = lib.m
-    if not flashcute.is_available():
-        print(f"{PROG}: flashcute cannot run: {flashcute.cuda_status()}", file=sys.stderr)
-        return 1
     gpu = torch.cuda.get_device_name()
-    flush_nbytes = timing.flush_bytes(lib.device_info().l2_bytes) if how.flushes else None
-    flush = lib.l2_flusher(flush_nbytes) if flush_nbytes else None
     copy = copy_tbps(lib, how)
     mode = "CUDA-graph replays" if a.graph else "eager calls"
     method = how.method(flush_nbytes)

@@ -41,7 +41,7 @@ import flashcute
 
 from . import timing
 from .arrays import TorchLib, versions
-from .decode import _heads, _ints, graph_replay, parse_timing
+from .decode import _heads, _ints, graph_replay, open_torch, parse_timing, plot_panels
 from .impls import env_var
 from .timing import Subject, Timing, time_subjects
 
@@ -179,32 +179,9 @@ def line(r: dict[str, Any], names: Sequence[str], fc: Sequence[str]) -> str:
 
 
 def write_plot(path: Path, rows: Sequence[dict[str, Any]], names: Sequence[str], title: str) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    panels = list(dict.fromkeys((r["nheads"], r["nheads_k"], r["cached"]) for r in rows))
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), squeeze=False, sharey=True)
-    for ax, (h, hk, cached) in zip(axes[0], panels):
-        sel = [r for r in rows if (r["nheads"], r["nheads_k"], r["cached"]) == (h, hk, cached)]
-        for name in names:
-            pts = [(r["new"], r["tflops"][name]) for r in sel if name in r["tflops"]]
-            if pts:
-                ax.plot(*zip(*pts), marker="o", label=name)
-        ax.set_xscale("log", base=2)
-        ax.set_title(f"cached {cached}, heads {h}:{hk}")
-        ax.set_xlabel("new tokens")
-        ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("TFLOP/s")
-    axes[0][0].legend(fontsize=7)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+    return plot_panels(path, rows, lambda r: (r["nheads"], r["nheads_k"], r["cached"]),
+                       lambda k: f"cached {k[2]}, heads {k[0]}:{k[1]}", "new", "tflops", names, title,
+                       "new tokens", "TFLOP/s")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -219,18 +196,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--pages: the paged kernels take powers of two >= 16, got {a.pages}")
     if not a.paths or not set(a.paths) <= set(PATHS):
         parser.error(f"--paths: expected {', '.join(PATHS)}, comma-separated, got {','.join(a.paths)!r}")
-    try:
-        lib = TorchLib.load()
-    except Exception as exc:  # LibraryUnavailable: no torch, or no GPU
-        print(f"{PROG}: needs torch with a CUDA device ({exc})", file=sys.stderr)
+    opened = open_torch(PROG, how)
+    if opened is None:
         return 1
+    lib, flush_nbytes, flush = opened
     torch = lib.m
-    if not flashcute.is_available():
-        print(f"{PROG}: flashcute cannot run: {flashcute.cuda_status()}", file=sys.stderr)
-        return 1
     gpu = torch.cuda.get_device_name()
-    flush_nbytes = timing.flush_bytes(lib.device_info().l2_bytes) if how.flushes else None
-    flush = lib.l2_flusher(flush_nbytes) if flush_nbytes else None
     names = subject_names(a.pages, a.paths)
     fc = [n for n in names if n.startswith("fc") and n != "fc-fixed"]
     mode, method = "CUDA-graph replays" if a.graph else "eager calls", how.method(flush_nbytes)
