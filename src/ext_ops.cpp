@@ -60,6 +60,7 @@ int fwd_kvcache(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handle
                           cache_seqlens, block_table));
     check_stream(stream);
     args.kvcache->num_sms = flashcute::detail::device_sms(s.device());
+    args.kvcache->device = s.device();
     flashcute::FwdPlan plan;
     check_ok(flashcute::plan_fwd(args, plan));
     s.check_devices();

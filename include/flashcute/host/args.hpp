@@ -40,6 +40,7 @@ struct KvcacheArgs {
   int64_t num_splits = 0;                  // 0: chosen from the shapes and the SM count; 1: none
   std::optional<MutableTensorRef> workspace;  // float32, >= FwdPlan::workspace_floats (split-KV)
   int num_sms = 0;                         // the GPU's SM count for the choice; 0: the current device's
+  int device = -1;                         // the GPU it runs on, for the sm90 choice; -1: the current one
 };
 
 // The options of an attention call, shared by the forward, the backward and the KV-cache call

@@ -229,7 +229,7 @@ inline Status plan_fwd_kvcache(const FwdArgs& a, FwdPlan& plan) {
   if (kvcache_compiled() && sm90_hd > 0 && sm90_kvcache_can_run(p) == nullptr) {
     ForwardPath path;
     FLASHCUTE_RETURN_IF_ERROR(forward_path_setting(path));
-    if (path == ForwardPath::kAuto && device_is_sm90()) {
+    if (path == ForwardPath::kAuto && device_is_sm90(kv.device)) {
       plan.kernel = KernelKey{Arch::kSm90, Direction::kFwd, q.dtype, sm90_hd, Variant::kPlain};
       p.num_splits = 1;
       plan.workspace_floats = 0;
