@@ -129,10 +129,11 @@ struct FwdMainloop {
   }
 
   // A KV cache's key block n_block of entry `batch`, KV head head_k, into stage kv. A block that
-  // lies in one page (a contiguous cache's entry is one page) and holds no cache row past the
-  // entry's keys is one TMA box each for K and V, as in the fixed-length kernel. Any other comes
-  // in boxes of kBoxRows keys, each from its page (block_table); boxes at or past the keys read
-  // past the page, which TMA fills with zeros.
+  // holds no cache row past the entry's keys is one TMA box each for K and V where it lies in one
+  // page (a contiguous cache's entry is one page), as in the fixed-length kernel, else boxes of
+  // kMidBoxRows keys (pages that large) or kBoxRows keys, each from its page (block_table). A block
+  // with rows past the keys comes in kBoxRows boxes; those at or past the keys read past the page,
+  // which TMA fills with zeros.
   // Two kinds of box need mending before the consumers may read the block: one that holds the
   // entry's last key and rows past it (the cache holds anything there: a NaN would survive P = 0 in
   // P V), whose rows past the keys become zeros; and one whose page is outside [0, num_pages), read
@@ -235,16 +236,14 @@ struct FwdMainloop {
     const bool mend = (ragged && seqlen_k % kBox != 0) || bad;
     uint64_t* bar_k = &storage.k_bar.full[kv.index()];
     uint64_t* bar_v = &storage.v_bar.full[kv.index()];
-    if constexpr (Traits::kKvcache) {
-      if (mend) {
-        k_pipe.producer_wait(kv);
-        v_pipe.producer_wait(kv);
-        bar_k = bar_v = &storage.fix_bar;
-        cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(bar_k, 2 * Traits::kKvBytes);
-      } else {
-        k_pipe.producer_acquire(kv, Traits::kKvBytes);
-        v_pipe.producer_acquire(kv, Traits::kKvBytes);
-      }
+    if (mend) {
+      k_pipe.producer_wait(kv);
+      v_pipe.producer_wait(kv);
+      bar_k = bar_v = &storage.fix_bar;
+      cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(bar_k, 2 * Traits::kKvBytes);
+    } else {
+      k_pipe.producer_acquire(kv, Traits::kKvBytes);
+      v_pipe.producer_acquire(kv, Traits::kKvBytes);
     }
     Tensor sK = smem_k()(_, _, kv.index());    // (BLK_N,D)
     Tensor sVt = smem_vt()(_, _, kv.index());  // (D,BLK_N)
