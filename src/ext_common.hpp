@@ -418,7 +418,7 @@ void fwd(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle ls
 void bwd(nb::handle dout, nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse, nb::handle dq,
          nb::handle dk, nb::handle dv, nb::handle workspace, nb::handle options, bool deterministic, int64_t stream,
          int device, bool check_stream_device, nb::handle cu_seqlens_q, nb::handle cu_seqlens_k, int64_t max_seqlen_q,
-         int64_t max_seqlen_k);
+         int64_t max_seqlen_k, bool partial_keys);
 void merge(nb::handle out_a, nb::handle lse_a, nb::handle out_b, nb::handle lse_b, nb::handle out, nb::handle lse,
            int64_t stream, int device, bool check_stream_device);
 int fwd_kvcache(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handle out, nb::handle lse, nb::handle k,

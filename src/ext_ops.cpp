@@ -23,11 +23,12 @@ void fwd(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle ls
 void bwd(nb::handle dout, nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse, nb::handle dq,
          nb::handle dk, nb::handle dv, nb::handle workspace, nb::handle options, bool deterministic, int64_t stream,
          int device, bool check_stream_device, nb::handle cu_seqlens_q, nb::handle cu_seqlens_k, int64_t max_seqlen_q,
-         int64_t max_seqlen_k) {
+         int64_t max_seqlen_k, bool partial_keys) {
   with_source(device, check_stream_device, [&](auto& s) {
     flashcute::BwdArgs args;
     check_ok(bwd_args(s, args, options_from(options), deterministic, dout, q, k, v, out, lse, dq, dk, dv, workspace,
                       cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k));
+    args.partial_keys = partial_keys;
     check_stream(stream);
     flashcute::BwdPlan plan;
     check_ok(flashcute::plan_bwd(args, plan));

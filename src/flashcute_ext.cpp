@@ -209,10 +209,12 @@ NB_MODULE(_C, m) {
   m.def("bwd", &bwd, "dout"_a.none(), "q"_a.none(), "k"_a.none(), "v"_a.none(), "out"_a.none(), "lse"_a.none(),
         "dq"_a.none(), "dk"_a.none(), "dv"_a.none(), "workspace"_a.none(), "options"_a, "deterministic"_a, "stream"_a,
         "device"_a = -1, "check_stream_device"_a = true, "cu_seqlens_q"_a.none() = nb::none(),
-        "cu_seqlens_k"_a.none() = nb::none(), "max_seqlen_q"_a = 0, "max_seqlen_k"_a = 0,
+        "cu_seqlens_k"_a.none() = nb::none(), "max_seqlen_q"_a = 0, "max_seqlen_k"_a = 0, "partial_keys"_a = false,
         "Runs the attention backward pass, writing dq, dk and dv on `stream`.\n\n"
         "dout, dq: like q; dk, dv: like k; out, lse: the forward's; workspace: float32 with at least\n"
-        "bwd_workspace_floats(batch, nheads, seqlen_q) elements. The same rules and errors as fwd().");
+        "bwd_workspace_floats(batch, nheads, seqlen_q) elements. partial_keys: k and v are part of the keys\n"
+        "out and lse cover (ring attention), so D is rowsum(dout * out) for every row. The same rules and\n"
+        "errors as fwd().");
   m.def("merge", &merge, "out_a"_a.none(), "lse_a"_a.none(), "out_b"_a.none(), "lse_b"_a.none(), "out"_a.none(),
         "lse"_a.none(), "stream"_a, "device"_a = -1, "check_stream_device"_a = true,
         "merge_attn_states: writes out and lse, the attention over the union of two disjoint key sets, from\n"

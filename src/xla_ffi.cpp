@@ -94,8 +94,9 @@ ffi::Error bwd_impl(cudaStream_t stream, ffi::AnyBuffer dout, ffi::AnyBuffer q, 
                     ffi::AnyBuffer out, ffi::AnyBuffer lse, ffi::Result<ffi::AnyBuffer> dq,
                     ffi::Result<ffi::AnyBuffer> dk, ffi::Result<ffi::AnyBuffer> dv,
                     ffi::Result<ffi::AnyBuffer> workspace, float softmax_scale, bool causal, int64_t window_left,
-                    int64_t window_right, float softcap, bool deterministic) {
+                    int64_t window_right, float softcap, bool deterministic, bool partial_keys) {
   return run(stream, [&](XlaBuffers& s, flashcute::BwdArgs& a) {
+    a.partial_keys = partial_keys;
     return flashcute_ext::bwd_args(s, a, options(softmax_scale, causal, window_left, window_right, softcap), deterministic,
                                    &dout, &q, &k, &v, &out, &lse, &dq, &dk, &dv, &workspace, nullptr, nullptr, 0, 0);
   }, &flashcute::plan_bwd);
@@ -176,9 +177,9 @@ auto with_varlen_options(Binding&& binding) {
 XLA_FFI_DEFINE_HANDLER_SYMBOL(flashcute_xla_fwd, fwd_impl, with_options(buffers<3, 2>()),
                               {ffi::Traits::kCmdBufferCompatible});
 // dout, q, k, v, out, lse -> dq, dk, dv, workspace (float32, D = rowsum(dout * out)); the options,
-// then deterministic
+// then deterministic and partial_keys (ring attention: k, v are part of the keys out and lse cover)
 XLA_FFI_DEFINE_HANDLER_SYMBOL(flashcute_xla_bwd, bwd_impl,
-                              with_options(buffers<6, 4>()).Attr<bool>("deterministic"),
+                              with_options(buffers<6, 4>()).Attr<bool>("deterministic").Attr<bool>("partial_keys"),
                               {ffi::Traits::kCmdBufferCompatible});
 // q (total_q, nheads, headdim), k, v, cu_seqlens_q, cu_seqlens_k -> out, lse (nheads, total_q)
 XLA_FFI_DEFINE_HANDLER_SYMBOL(flashcute_xla_varlen_fwd, varlen_fwd_impl, with_varlen_options(buffers<5, 2>()),

@@ -68,7 +68,7 @@ def flash_attn_varlen(q: Any, k: Any, v: Any, cu_q: Any, cu_k: Any, max_q: int, 
     return _run_fwd(q, k, v, out, lse_shape, stream, options, (cu_q, cu_k, max_q, max_k))
 
 
-def flash_attn_bwd(dout, q, k, v, out, lse, dq, dk, dv, stream, options, deterministic):
+def flash_attn_bwd(dout, q, k, v, out, lse, dq, dk, dv, stream, options, deterministic, partial_keys=False):
     """flash_attn_bwd's CuPy path: dq, dk, dv (allocated like q, k, v unless given)."""
     cupy = sys.modules["cupy"]
     with cupy.cuda.Device(q.device.id):
@@ -80,7 +80,8 @@ def flash_attn_bwd(dout, q, k, v, out, lse, dq, dk, dv, stream, options, determi
             b, sq, h, d = q.shape
             floats = _C.bwd_workspace_floats(b, h, sq, d, str(q.dtype), q.device.id)
             workspace = cupy.empty((floats,), dtype=cupy.float32)
-    _C.bwd(*(_export(a) for a in (dout, q, k, v, out, lse, dq, dk, dv, workspace)), options, deterministic, handle)
+    _C.bwd(*(_export(a) for a in (dout, q, k, v, out, lse, dq, dk, dv, workspace)), options, deterministic, handle,
+           partial_keys=partial_keys)
     return dq, dk, dv
 
 

@@ -49,6 +49,7 @@ class Options(NamedTuple):
     window_right: int
     softcap: float
     deterministic: bool = False  # for the backward (jax.grad)
+    partial_keys: bool = False  # the backward's k, v are part of the keys out and lse cover (ring attention)
 
 
 def _register() -> None:
@@ -129,7 +130,7 @@ def _ffi_bwd(dout: Any, q: Any, k: Any, v: Any, out: Any, lse: Any, opts: Option
     dq, dk, dv, _ = call(dout, q, k, v, out, lse, softmax_scale=np.float32(opts.softmax_scale),
                          causal=bool(opts.causal), window_left=np.int64(opts.window_left),
                          window_right=np.int64(opts.window_right), softcap=np.float32(opts.softcap),
-                         deterministic=bool(opts.deterministic))
+                         deterministic=bool(opts.deterministic), partial_keys=bool(opts.partial_keys))
     return dq, dk, dv
 
 

@@ -202,8 +202,9 @@ _fwd_lse_op = _op(f"fwd_lse(Tensor q, Tensor k, Tensor v, {_OPTIONS}, bool deter
 
 def _bwd_launch(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dq: Tensor, dk: Tensor,
                 dv: Tensor, options: tuple, deterministic: bool, index: int, stream: int,
-                check_stream_device: bool, varlen: tuple = ()) -> None:
-    """varlen: () or (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)."""
+                check_stream_device: bool, varlen: tuple = (), partial_keys: bool = False) -> None:
+    """varlen: () or (cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k); partial_keys: as
+    flash_attn_bwd's."""
     if varlen:
         floats = _C.bwd_varlen_workspace_floats(varlen[0].shape[0] - 1, q.shape[1], q.shape[0], q.shape[2],
                                                 str(q.dtype).removeprefix("torch."), index)
@@ -213,17 +214,18 @@ def _bwd_launch(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse:
         floats = _C.bwd_workspace_floats(b, h, sq, d, str(q.dtype).removeprefix("torch."), index)
     workspace = q.new_empty((floats,), dtype=torch.float32)  # D = rowsum(dout * out) (+ sm90's dQ accumulator)
     _C.bwd(_desc(dout), _desc(q), _desc(k), _desc(v), _desc(out), _desc(lse), _desc(dq), _desc(dk), _desc(dv),
-           _desc(workspace), options, deterministic, stream, index, check_stream_device, *varlen)
+           _desc(workspace), options, deterministic, stream, index, check_stream_device, *varlen,
+           partial_keys=partial_keys)
 
 
 def _bwd_cuda(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
               softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int, softcap: float,
-              deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
+              deterministic: bool, partial_keys: bool = False) -> Tuple[Tensor, Tensor, Tensor]:
     """flashcute::bwd: (dq, dk, dv) from dout and the forward's q, k, v, out and lse."""
     index = _cuda_index(q, k, v, out, ("dout", dout), ("lse", lse))
     dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
     _bwd_launch(dout, q, k, v, out, lse, dq, dk, dv, (softmax_scale, causal, window_left, window_right, softcap),
-                deterministic, index, _current_stream(index), False)
+                deterministic, index, _current_stream(index), False, partial_keys=partial_keys)
     return dq, dk, dv
 
 
@@ -232,7 +234,7 @@ def _grads_fake(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, *rest: Any) -> Tu
 
 
 _bwd_op = _op(f"bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, {_OPTIONS}, "
-              "bool deterministic) -> (Tensor, Tensor, Tensor)", _bwd_cuda, _grads_fake)
+              "bool deterministic, bool partial_keys=False) -> (Tensor, Tensor, Tensor)", _bwd_cuda, _grads_fake)
 
 
 # ---------------------------------------------------------------------------------------- varlen
@@ -445,7 +447,7 @@ def flash_attn(q: Tensor, k: Tensor, v: Tensor, out: Optional[Tensor], return_ls
 
 def flash_attn_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                    dq: Optional[Tensor], dk: Optional[Tensor], dv: Optional[Tensor], stream: Optional[int],
-                   options: tuple, deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
+                   options: tuple, deterministic: bool, partial_keys: bool = False) -> Tuple[Tensor, Tensor, Tensor]:
     """flash_attn_bwd's torch path: the op under tracing, a direct launch eagerly."""
     if _may_be_traced(dout, q, k, v, out, lse, dq, dk, dv):
         if dq is not None or dk is not None or dv is not None or stream is not None:
@@ -453,14 +455,15 @@ def flash_attn_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, l
                 "dq=, dk=, dv=, stream=: not supported under torch.compile, torch.export or other tracing (the "
                 "traced op allocates its outputs and runs on the current stream); call without them there"
             )
-        return _bwd_op(dout, q, k, v, out, lse, *options, deterministic)
+        return _bwd_op(dout, q, k, v, out, lse, *options, deterministic, partial_keys)
     index = _cuda_index(q, k, v, out, ("dout", dout), ("lse", lse), ("dq", dq), ("dk", dk), ("dv", dv))
     handle, ctx, check = _launch_context(q.device, stream, _current_stream(index))
     with ctx:
         dq = q.new_empty(q.shape) if dq is None else dq
         dk = k.new_empty(k.shape) if dk is None else dk
         dv = v.new_empty(v.shape) if dv is None else dv
-        _bwd_launch(dout, q, k, v, out, lse, dq, dk, dv, options, deterministic, index, handle, check)
+        _bwd_launch(dout, q, k, v, out, lse, dq, dk, dv, options, deterministic, index, handle, check,
+                    partial_keys=partial_keys)
     return dq, dk, dv
 
 

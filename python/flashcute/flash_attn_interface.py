@@ -193,6 +193,7 @@ def flash_attn_bwd(
     dk: Any = None,
     dv: Any = None,
     stream: Union[None, int, Any] = None,
+    partial_keys: bool = False,
 ) -> Tuple[Any, Any, Any]:
     """FlashAttention backward pass: the gradients of ``out = flash_attn_func(q, k, v, ...)``.
 
@@ -209,6 +210,11 @@ def flash_attn_bwd(
             block's dQ in a fixed order, a little slower.
         dq, dk, dv: optional preallocated outputs, like q, k and v (eager only).
         stream: as for ``flash_attn_func``.
+        partial_keys: k and v are part of the keys that out and lse were computed over, as in ring
+            attention, where each block's backward takes the merged out and lse
+            (:mod:`flashcute.distributed`). dq, dk and dv are then this block's share of the
+            gradients. (Without it, rows that see at most 64 keys recompute the softmax backward's
+            row constant from k and v, which is exact only when they are all the keys.)
 
     Return:
         (dq, dk, dv): like q, k and v. With MQA/GQA, dk and dv are summed over each group of query
@@ -221,12 +227,14 @@ def flash_attn_bwd(
     """
     options = _parse_options(softmax_scale, causal, window_size, softcap)
     deterministic = _as_bool("deterministic", deterministic)
+    partial_keys = _as_bool("partial_keys", partial_keys)
     stream = _parse_stream(stream)
 
     try:
         fw = _one_framework(("q", q), ("dout", dout), ("k", k), ("v", v), ("out", out), ("lse", lse), ("dq", dq),
                             ("dk", dk), ("dv", dv), optional=("dq", "dk", "dv"))
-        return fw.binding.flash_attn_bwd(dout, q, k, v, out, lse, dq, dk, dv, stream, options, deterministic)
+        return fw.binding.flash_attn_bwd(dout, q, k, v, out, lse, dq, dk, dv, stream, options, deterministic,
+                                         partial_keys)
     except (TypeError, ValueError):
         _check_scalars_first(options)
         raise

@@ -183,7 +183,7 @@ def test_deterministic_reaches_the_backward(torch, sm90_bwd_why_not, require_ker
 
     seen = []
     launch = _torch._C.bwd
-    monkeypatch.setattr(_torch._C, "bwd", lambda *args: (seen.append(args[11]), launch(*args))[1])
+    monkeypatch.setattr(_torch._C, "bwd", lambda *args, **kw: (seen.append(args[11]), launch(*args, **kw))[1])
     c = Case(1, 100, 100, 2, 2, 64, causal=True)
     q, k, v, dout = _inputs(torch, c, "bfloat16", seed=21)
     sm90 = not sm90_bwd_why_not(c.d, "bfloat16")
@@ -217,6 +217,30 @@ def test_deterministic_bits(torch, sm90_bwd_why_not, require_kernel, monkeypatch
         again = flashcute.flash_attn_bwd(dout, q, k, v, out, lse, causal=True, deterministic=True)
         for a, b in zip(first, again):
             assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("bwd_path", ["sm80", "sm90"])
+def test_partial_keys_gives_each_blocks_share(torch, sm90_bwd_why_not, require_kernel, monkeypatch, bwd_path):
+    """flash_attn_bwd over two blocks of the keys with the whole call's out and lse, as each step of
+    ring attention does: with partial_keys=True the blocks' dq sum, and their dk and dv join, to the
+    whole gradient by the rule. Without it, every row sees 60 keys of a block, few enough for the
+    exact D over that block alone, and the sum fails: the check can fail."""
+    require_kernel("bfloat16", 64)
+    case = Case(2, 150, 120, 4, 2, 64)
+    if bwd_path == "sm90" and (why := sm90_bwd_why_not(case.d, "bfloat16")):
+        pytest.skip(why)
+    monkeypatch.setenv("FLASHCUTE_BACKWARD_PATH", bwd_path)
+    q, k, v, dout = _inputs(torch, case, "bfloat16", seed=11)
+    out, lse = flashcute.flash_attn_func(q, k, v, return_lse=True)
+    blocks = (slice(0, 60), slice(60, 120))
+    for partial in (True, False):
+        parts = [flashcute.flash_attn_bwd(dout, q, k[:, b], v[:, b], out, lse, partial_keys=partial)
+                 for b in blocks]
+        assert flashcute.last_backward_path() == bwd_path
+        grads = (parts[0][0].float() + parts[1][0].float(), torch.cat([parts[0][1], parts[1][1]], dim=1),
+                 torch.cat([parts[0][2], parts[1][2]], dim=1))
+        check = check_gradients(grads, dout, q, k, v)
+        assert check.ok == partial, (partial, check.message or check.summary())
 
 
 @pytest.mark.parametrize("window", [(-1, 0), (200, 0)], ids=["causal", "window"])

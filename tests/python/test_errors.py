@@ -373,6 +373,13 @@ def test_bool_args(name):
         flashcute.flash_attn_func(q, k, v, **{name: True})
 
 
+@pytest.mark.parametrize("name", ["deterministic", "partial_keys"])
+def test_bwd_bool_args(name):
+    q, k, v = qkv()
+    with raises(TypeError, f"{name}: expected a bool"):
+        flashcute.flash_attn_bwd(q, q, k, v, q, q, **{name: "yes"})
+
+
 @pytest.mark.parametrize("stream", ["abc", 1.5, object(), True, b"\x00"])
 def test_stream_type(stream):
     q, k, v = qkv()

@@ -108,6 +108,9 @@ struct BwdParams : FwdParams {
   // The same bits on every run. The sm80 kernels always give them; the sm90 ones then order their
   // dQ adds (sm90/mainloop_bwd.hpp, wait_turn).
   bool deterministic = false;
+  // k and v are part of the keys that o and lse cover (ring attention): every row's D is
+  // rowsum(dout * o), never the exact D over k's keys (common/dsum.hpp), which would miss the rest.
+  bool partial_keys = false;
 
   int64_t do_batch_stride = 0, do_row_stride = 0, do_head_stride = 0;
   int64_t dq_batch_stride = 0, dq_row_stride = 0, dq_head_stride = 0;

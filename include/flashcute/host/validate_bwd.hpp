@@ -29,6 +29,10 @@ struct BwdArgs : AttnOptions {  // the forward's options, exactly
   // Same bits on every run: the sm80 backward always is (sm80/kernel_bwd.hpp); the sm90 one then
   // orders its dQ adds.
   bool deterministic = false;
+  // k and v hold part of the keys that out and lse were computed over (context parallelism: each
+  // rank's backward over one K/V block with the merged out and lse). D is then rowsum(dout * out)
+  // for every row; otherwise rows that see few keys get the exact D over k's keys (common/dsum.hpp).
+  bool partial_keys = false;
   // Set: a variable-length batch (VarlenArgs): every array has no batch dim, lse is
   // (nheads, total_q), and the workspace holds bwd_workspace_floats(1, nheads, total_q) (the sm90
   // backward: bwd_varlen_workspace_floats, host/dispatch.hpp).
@@ -137,6 +141,7 @@ inline Status plan_bwd(const BwdArgs& a, BwdPlan& plan) {
   b.dv = a.dv.mutable_data();
   b.dsum = static_cast<float*>(a.workspace.mutable_data());
   b.deterministic = a.deterministic;
+  b.partial_keys = a.partial_keys;
   b.do_batch_stride = kstride(dout, 0), b.do_row_stride = kstride(dout, 1), b.do_head_stride = kstride(dout, 2);
   b.dq_batch_stride = kstride(dq, 0), b.dq_row_stride = kstride(dq, 1), b.dq_head_stride = kstride(dq, 2);
   b.dk_batch_stride = kstride(dk, 0), b.dk_row_stride = kstride(dk, 1), b.dk_head_stride = kstride(dk, 2);

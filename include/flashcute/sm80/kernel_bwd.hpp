@@ -118,7 +118,7 @@ __global__ void __launch_bounds__(256) bwd_dsum_kernel(__grid_constant__ const B
   const int head_k = head / (params.nheads / params.nheads_k);
   const KeyMask mask{seq.seqlen_k, seq.seqlen_k - seq.seqlen_q, params.window_left, params.window_right};
   const int key_begin = cute::max(0, mask.key_begin(r)), key_end = cute::max(key_begin, mask.key_end(r));
-  const bool exact = valid && key_end - key_begin <= kExactDsumKeys;
+  const bool exact = valid && !params.partial_keys && key_end - key_begin <= kExactDsumKeys;
   const float lse = valid ? params.lse[seq.lse_offset + head * params.lse_head_stride + row] : -INFINITY;
   auto q_at = [&](int q_row) {
     return static_cast<Element const*>(params.q) + seq.q_offset + head * params.q_head_stride + q_row * params.q_row_stride;

@@ -40,7 +40,7 @@ CUTE_DEVICE void bwd_preprocess_block(const BwdParams& p, const BwdBatch& seq, f
       valid ? p.lse[batch * p.lse_batch_stride + head * p.lse_head_stride + seq.q_start + row] : -INFINITY;
   const KeyMask mask = seq.mask(p);
   const int key_begin = cute::max(0, mask.key_begin(r)), key_end = cute::max(key_begin, mask.key_end(r));
-  const bool exact = valid && key_end - key_begin <= kExactDsumKeys;
+  const bool exact = valid && !p.partial_keys && key_end - key_begin <= kExactDsumKeys;
   const int head_k = head / (p.nheads / p.nheads_k);
   // Row i of this batch entry (varlen: its batch strides are 0 and its rows start at q/k_start).
   auto at = [&](const void* base, int64_t batch_stride, int64_t row_stride, int64_t head_stride, int h, int at_row) {
