@@ -4,8 +4,8 @@ One long sequence is split over the W ranks of a process group along its sequenc
 holds its shard of q, k and v. The K/V shards travel around the ring (point-to-point sends to the
 next rank, receives from the one before, over the group's backend: NCCL on GPUs), while each rank
 attends its queries to the block it holds; the partial results merge exactly by their logsumexp.
-The backward sends the blocks around again, with their dK/dV accumulators (float32), which end at
-their owner.
+The backward sends the blocks around again, with their dK/dV accumulators (float32 when W > 2),
+which end at their owner.
 
 Layout. Causal attention uses the zigzag layout: the sequence is cut into 2W chunks and rank r
 holds chunks r and 2W - 1 - r, so that every rank does the same work at every step
@@ -91,11 +91,12 @@ class _FlashKernels:
 
         return flash_attn_func(q, k, v, softmax_scale=scale, causal=causal, softcap=softcap, return_lse=True)
 
-    def bwd(self, dout, q, k, v, out, lse, causal: bool, scale: float, softcap: float, deterministic: bool):
+    def bwd(self, dout, q, k, v, out, lse, causal: bool, scale: float, softcap: float, deterministic: bool,
+            partial_keys: bool = True):
         from .flash_attn_interface import flash_attn_bwd
 
         return flash_attn_bwd(dout, q, k, v, out, lse, softmax_scale=scale, causal=causal, softcap=softcap,
-                              deterministic=deterministic)
+                              deterministic=deterministic, partial_keys=partial_keys)
 
 
 class _Ring:
@@ -122,16 +123,15 @@ def _wait(reqs) -> None:
         req.wait()
 
 
-def _merge(out, lse, o, lse_o):
-    """(out, lse) merged with a partial (o, lse_o) over other keys; out float32, lse (b, h, s)."""
+def _merge_(out, lse, o, lse_o) -> None:
+    """Merges the partial attention (o, lse_o) over other keys into (out, lse) in place (views
+    allowed): out float32 (b, s, h, d), lse (b, h, s). No temporary of out's size."""
     torch, _ = _torch()
-    if out is None:
-        return o.float(), lse_o.float()
     new = torch.logaddexp(lse, lse_o)
     safe = torch.where(torch.isinf(new), torch.zeros_like(new), new)  # rows with no key yet: weights 0
-    wa = torch.exp(lse - safe).transpose(1, 2).unsqueeze(-1)
-    wb = torch.exp(lse_o - safe).transpose(1, 2).unsqueeze(-1)
-    return out * wa + o.float() * wb, new
+    out.mul_(torch.exp(lse - safe).transpose(1, 2).unsqueeze(-1))
+    out.addcmul_(o, torch.exp(lse_o - safe).transpose(1, 2).unsqueeze(-1))
+    lse.copy_(new)
 
 
 def _check_call(q, k, v, ring: _Ring, options: Tuple) -> None:
@@ -154,63 +154,79 @@ def _check_call(q, k, v, ring: _Ring, options: Tuple) -> None:
 
 def _ring_fwd(kern, ring: _Ring, q, k, v, causal: bool, scale: float, softcap: float):
     c = q.shape[1] // 2
-    out = lse = None
+    out = lse = None  # float32, merged in place
     k_cur, v_cur = k, v
     for step in range(ring.w):
         if step + 1 < ring.w:
             nxt, reqs = ring.exchange([k_cur, v_cur])
         j = (ring.r - step) % ring.w
         if not causal or step == 0:
-            out, lse = _merge(out, lse, *kern.fwd(q, k_cur, v_cur, causal and step == 0, scale, softcap))
+            o, l = kern.fwd(q, k_cur, v_cur, causal and step == 0, scale, softcap)
+            if out is None:
+                out, lse = o.float(), l.float()
+            else:
+                _merge_(out, lse, o, l)
         elif j < ring.r:  # all queries against j's first chunk (before both of ours)
-            out, lse = _merge(out, lse, *kern.fwd(q, k_cur[:, :c], v_cur[:, :c], False, scale, softcap))
+            _merge_(out, lse, *kern.fwd(q, k_cur[:, :c], v_cur[:, :c], False, scale, softcap))
         else:  # our second chunk's queries against both of j's chunks (our first sees neither)
-            o2, l2 = _merge(out[:, c:], lse[..., c:], *kern.fwd(q[:, c:], k_cur, v_cur, False, scale, softcap))
-            out = _torch()[0].cat([out[:, :c], o2], dim=1)
-            lse = _torch()[0].cat([lse[..., :c], l2], dim=-1)
+            _merge_(out[:, c:], lse[..., c:], *kern.fwd(q[:, c:], k_cur, v_cur, False, scale, softcap))
         if step + 1 < ring.w:
             _wait(reqs)
             k_cur, v_cur = nxt
     return out.to(q.dtype), lse
 
 
+def _partial_keys(ring: _Ring, step: int, causal: bool, c: int) -> bool:
+    """Whether a step's block is part of the keys its rows' out and lse cover (flash_attn_bwd's
+    partial_keys). Not at W = 1, nor at rank 0's causal first step where its chunks are longer than
+    64: the only rows there that see 64 keys or fewer (the backward's exact-D rule) are its first
+    chunk's first rows, which see no other block."""
+    return ring.w > 1 and not (causal and step == 0 and ring.r == 0 and c > 64)
+
+
 def _ring_bwd(kern, ring: _Ring, dout, q, k, v, out, lse, causal: bool, scale: float, softcap: float,
               deterministic: bool):
     torch, _ = _torch()
     c = q.shape[1] // 2
-    dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    # Sums of more than two terms (W > 2) accumulate in float32. With two, the one add rounded to
+    # the input dtype gives the same bits, and the accumulators (dQ here, dK/dV on the ring) take
+    # half the memory.
+    acc = torch.float32 if ring.w > 2 else q.dtype
+    dq = None
     k_cur, v_cur = k, v
     dkv = dkv_reqs = None
     for step in range(ring.w):
         if step + 1 < ring.w:
             nxt, reqs = ring.exchange([k_cur, v_cur])
         j = (ring.r - step) % ring.w
-        dk_b = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
-        dv_b = torch.zeros_like(dk_b)
         if not causal or step == 0:
-            g = kern.bwd(dout, q, k_cur, v_cur, out, lse, causal and step == 0, scale, softcap, deterministic)
-            dq += g[0].float()
-            dk_b += g[1].float()
-            dv_b += g[2].float()
-        elif j < ring.r:
-            g = kern.bwd(dout, q, k_cur[:, :c], v_cur[:, :c], out, lse, False, scale, softcap, deterministic)
-            dq += g[0].float()
-            dk_b[:, :c] += g[1].float()
-            dv_b[:, :c] += g[2].float()
-        else:
+            g = kern.bwd(dout, q, k_cur, v_cur, out, lse, causal and step == 0, scale, softcap, deterministic,
+                         partial_keys=_partial_keys(ring, step, causal, c))
+            dq = g[0].to(acc) if dq is None else dq.add_(g[0])  # step 0 comes here
+            dk_b, dv_b = g[1].to(acc), g[2].to(acc)
+        elif j < ring.r:  # all queries against j's first chunk: its second gets no gradient here
+            g = kern.bwd(dout, q, k_cur[:, :c], v_cur[:, :c], out, lse, False, scale, softcap, deterministic,
+                         partial_keys=True)
+            dq.add_(g[0])
+            dk_b, dv_b = (torch.zeros(k.shape, dtype=acc, device=k.device) for _ in range(2))
+            dk_b[:, :c] = g[1]
+            dv_b[:, :c] = g[2]
+        else:  # our second chunk's queries against both of j's chunks
             g = kern.bwd(dout[:, c:], q[:, c:], k_cur, v_cur, out[:, c:], lse[..., c:].contiguous(), False, scale,
-                         softcap, deterministic)
-            dq[:, c:] += g[0].float()
-            dk_b += g[1].float()
-            dv_b += g[2].float()
+                         softcap, deterministic, partial_keys=True)
+            dq[:, c:].add_(g[0])
+            dk_b, dv_b = g[1].to(acc), g[2].to(acc)
+        del g
         if dkv is not None:  # the accumulators of this block, from the rank that held it last step
             _wait(dkv_reqs)
-            dk_b += dkv[0]
-            dv_b += dkv[1]
+            dk_b.add_(dkv[0])
+            dv_b.add_(dkv[1])
+            dkv = None
         if ring.w == 1:
             dkv, dkv_reqs = (dk_b, dv_b), []
         else:  # on to the next rank; the last step's send reaches the block's owner
             dkv, dkv_reqs = ring.exchange([dk_b, dv_b])
+        del dk_b, dv_b
         if step + 1 < ring.w:
             _wait(reqs)
             k_cur, v_cur = nxt

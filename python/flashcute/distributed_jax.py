@@ -44,12 +44,13 @@ class _FlashKernels:
         _jax._register()
         return _jax._folded(opts)(q, k, v)
 
-    def bwd(self, dout, q, k, v, out, lse, causal, scale, softcap, deterministic):
+    def bwd(self, dout, q, k, v, out, lse, causal, scale, softcap, deterministic, partial_keys=True):
         from . import _jax
 
         opts = _jax._validated(q, k, v, (scale, causal, -1, -1, softcap))
         _jax._register()
-        return _jax._folded_bwd(opts._replace(deterministic=deterministic))(dout, q, k, v, out, lse)
+        opts = opts._replace(deterministic=deterministic, partial_keys=partial_keys)
+        return _jax._folded_bwd(opts)(dout, q, k, v, out, lse)
 
 
 def _merge(out, lse, o, lse_o):
@@ -60,6 +61,25 @@ def _merge(out, lse, o, lse_o):
     wa = jnp.exp(lse - safe).transpose(0, 2, 1)[..., None]
     wb = jnp.exp(lse_o - safe).transpose(0, 2, 1)[..., None]
     return out * wa + o.astype(jnp.float32) * wb, new
+
+
+def _varying_axes(x) -> frozenset:
+    import jax
+
+    t = jax.typeof(x)
+    mat = getattr(t, "mat", None)  # the manual axis type (JAX 0.10 on); older JAX: .vma
+    return frozenset(mat.varying if mat is not None else getattr(t, "vma", ()))
+
+
+def _vary_like(x, ref):
+    """x typed as varying over every mesh axis ref varies over. shard_map (check_vma) types the
+    results of an FFI call as invariant; a custom_vjp's cotangents must match its inputs' types."""
+    from jax import lax
+
+    missing = tuple(sorted(_varying_axes(ref) - _varying_axes(x)))
+    if not missing:
+        return x
+    return lax.pcast(x, missing, to="varying") if hasattr(lax, "pcast") else lax.pvary(x, missing)
 
 
 def _ring(axis_name: str, world: int):
@@ -114,20 +134,28 @@ def _bwd(kern, axis_name, world, dout, q, k, v, out, lse, causal, scale, softcap
     dkv = None
     for step in range(world):
         if not causal or step == 0:
-            g = kern.bwd(dout, q, k_cur, v_cur, out, lse, causal and step == 0, scale, softcap, deterministic)
+            def own(partial):
+                return lambda: kern.bwd(dout, q, k_cur, v_cur, out, lse, causal and step == 0, scale, softcap,
+                                        deterministic, partial_keys=partial)
+
+            if causal and step == 0 and world > 1 and c > 64:  # as flashcute.distributed._partial_keys
+                g = lax.cond(r == 0, own(False), own(True))
+            else:
+                g = own(world > 1)()
             g = tuple(x.astype(f32) for x in g)
         else:
             j = (r - step) % world
 
             def earlier(kc, vc):
-                gq, gk, gv = kern.bwd(dout, q, kc[:, :c], vc[:, :c], out, lse, False, scale, softcap, deterministic)
+                gq, gk, gv = kern.bwd(dout, q, kc[:, :c], vc[:, :c], out, lse, False, scale, softcap, deterministic,
+                                      partial_keys=True)
                 zeros = jnp.zeros((gk.shape[0], c, *gk.shape[2:]), f32)
                 return (gq.astype(f32), jnp.concatenate([gk.astype(f32), zeros], 1),
                         jnp.concatenate([gv.astype(f32), zeros], 1))
 
             def later(kc, vc):
                 gq, gk, gv = kern.bwd(dout[:, c:], q[:, c:], kc, vc, out[:, c:], lse[..., c:], False, scale, softcap,
-                                      deterministic)
+                                      deterministic, partial_keys=True)
                 zeros = jnp.zeros((gq.shape[0], c, *gq.shape[2:]), f32)
                 return jnp.concatenate([zeros, gq.astype(f32)], 1), gk.astype(f32), gv.astype(f32)
 
@@ -148,7 +176,8 @@ def _op(kern, axis_name: str, world: int, causal: bool, scale: float, softcap: f
 
     @jax.custom_vjp
     def f(q, k, v):
-        return _fwd(kern, axis_name, world, q, k, v, causal, scale, softcap)
+        out, lse = _fwd(kern, axis_name, world, q, k, v, causal, scale, softcap)
+        return _vary_like(out, q), _vary_like(lse, q)
 
     def f_fwd(q, k, v):
         out, lse = f(q, k, v)
@@ -156,8 +185,9 @@ def _op(kern, axis_name: str, world: int, causal: bool, scale: float, softcap: f
 
     def f_bwd(res, cot):  # the lse is not differentiable (its cotangent is ignored), as in flash_attn_func
         q, k, v, out, lse = res
-        return _bwd(kern, axis_name, world, cot[0].astype(q.dtype), q, k, v, out, lse, causal, scale, softcap,
-                    deterministic)
+        grads = _bwd(kern, axis_name, world, cot[0].astype(q.dtype), q, k, v, out, lse, causal, scale, softcap,
+                     deterministic)
+        return tuple(_vary_like(g, x) for g, x in zip(grads, (q, k, v)))
 
     f.defvjp(f_fwd, f_bwd)
     return f

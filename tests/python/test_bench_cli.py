@@ -987,3 +987,28 @@ def test_bwd_speed_is_the_bench_backward_pass_on_its_grid():
     cfg = cli.parse_args(mod.bench_argv(["--pass", "fwd+bwd", "--dims", "128", "--timing", "turns", "--iters", "9"]))
     assert cfg.grid.pass_ == "fwd+bwd" and cfg.grid.headdims == (128,)
     assert cfg.timing == Timing(TURNS, warmup=5, iters=9, rounds=30)  # options after the grid's are passed on
+
+
+def test_ring_bench_needs_gpus_and_whole_chunks(capsys):
+    """bench ring: --world beyond the visible GPUs, or a seqlen that the zigzag chunks do not
+    divide, exit 2 with the reason, before any process starts."""
+    pytest.importorskip("torch")
+    import torch
+
+    import flashcute.bench.ring as ring
+
+    assert ring.main(["--world", str(torch.cuda.device_count() + 1)]) == 2
+    assert "--world: expected" in capsys.readouterr().err
+    if torch.cuda.device_count():
+        assert ring.main(["--world", "1", "--seqlens", "1001"]) == 2
+        assert "not a multiple of 2" in capsys.readouterr().err
+
+
+def test_ring_bench_capacity_is_a_line_through_the_longest_points():
+    import flashcute.bench.ring as ring
+
+    rows = [{"seqlen": s, "causal": True, "1gpu_peak_gb": 1.0 + s / 1000, "1gpu_ms": 1.0, "ring_peak_gb": None,
+             "ring_ms": 1.0} for s in (1000, 2000, 4000)]
+    cap = ring._capacity(rows, {"gpu_memory_gb": 81.0})
+    assert cap == {"1gpu_causal": {"gb_per_1k_tokens": pytest.approx(1.024), "tokens": 80000}}
+    assert ring._flops(1024, 2, 64, True) == 3.5 * 4 * 2 * 1024 * 1024 * 64 / 2

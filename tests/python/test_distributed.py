@@ -50,7 +50,7 @@ class RefKernels:
         out = torch.einsum("bhqk,bkhd->bqhd", p, v.float().repeat_interleave(g, dim=2))
         return out.to(q.dtype), lse
 
-    def bwd(self, dout, q, k, v, out, lse, causal, scale, softcap, deterministic):
+    def bwd(self, dout, q, k, v, out, lse, causal, scale, softcap, deterministic, partial_keys=True):
         s, t = _scores(q, k, scale, softcap)
         p = torch.exp(_mask(s, causal) - lse[..., None])
         b, sk, hk, d = k.shape

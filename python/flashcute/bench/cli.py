@@ -280,7 +280,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Runs the benchmark; returns the exit code (see the package docstring). A first argument
     ``decode`` runs the KV-cache decode benchmark instead (:mod:`.decode`), ``varlen`` the packed
     against padded prefill (:mod:`.varlen`), ``prefill`` many new tokens over a KV cache
-    (:mod:`.prefill`)."""
+    (:mod:`.prefill`), ``ring`` context parallelism over the GPUs of one host (:mod:`.ring`)."""
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["decode"]:
         from . import decode
@@ -294,6 +294,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from . import prefill
 
         return prefill.main(args[1:])
+    if args[:1] == ["ring"]:
+        from . import ring
+
+        return ring.main(args[1:])
     cfg = parse_args(argv)
     try:
         try:
