@@ -278,7 +278,8 @@ def ring_flash_attn_func(q: Any, k: Any, v: Any, softmax_scale: Optional[float] 
         group: the torch.distributed process group (None: the default one).
 
     Return: out (and lse), this rank's rows, in its shard's layout.
-    Eager; not yet run under torch.compile or CUDA-graph capture.
+    Runs eagerly and under torch.compile (graph breaks at the collectives); CUDA-graph capture
+    of the ring is not tested.
     Raises ValueError on every rank when the ranks' shapes, dtypes or options differ, or a causal
     shard's length is odd (two zigzag chunks).
     """

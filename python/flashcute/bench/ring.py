@@ -10,7 +10,8 @@ slowest rank's CUDA-event time after ``--warmup`` runs, every rank starting toge
 - ``ring``: :func:`flashcute.distributed.ring_flash_attn_func` on the shards (zigzag when causal);
 - ``compute``: the same ring with the exchanges left out (each rank attends to its own block W
   times): the ring's compute alone;
-- ``comm``: the exchanges alone (the K/V blocks twice around the ring, the float32 dK/dV once);
+- ``comm``: the exchanges alone (the K/V blocks twice around the ring, dK/dV once in float32, as
+  the ring sends them when W > 2; at W = 2 it sends them in the input dtype, half the bytes);
 - ``allgather``: the baseline from the same kernels: all-gather the whole K/V, attend the local
   queries to it (two causal calls for the two zigzag chunks), and reduce-scatter dK/dV back.
 
