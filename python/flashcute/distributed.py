@@ -184,6 +184,21 @@ def _partial_keys(ring: _Ring, step: int, causal: bool, c: int) -> bool:
     return ring.w > 1 and not (causal and step == 0 and ring.r == 0 and c > 64)
 
 
+# From this many tokens a shard, a step's backward runs in two calls over halves of the KV heads
+# (with their query heads), so that one call's workspace and gradients, about three times q's size,
+# are live for half the heads at a time. Shorter shards keep one call (a smaller grid costs more
+# there, and the memory is small).
+_SPLIT_HEADS_FROM_TOKENS = 16384
+
+
+def _head_groups(seqlen: int, nheads: int, nheads_k: int) -> list:
+    """(query heads, KV heads) slices of a step's backward calls: two halves where nheads_k is even
+    and the shard long, else all the heads in one call."""
+    parts = 2 if nheads_k % 2 == 0 and seqlen >= _SPLIT_HEADS_FROM_TOKENS else 1
+    n, g = nheads_k // parts, nheads // nheads_k
+    return [(slice(i * n * g, (i + 1) * n * g), slice(i * n, (i + 1) * n)) for i in range(parts)]
+
+
 def _ring_bwd(kern, ring: _Ring, dout, q, k, v, out, lse, causal: bool, scale: float, softcap: float,
               deterministic: bool):
     torch, _ = _torch()
@@ -192,6 +207,8 @@ def _ring_bwd(kern, ring: _Ring, dout, q, k, v, out, lse, causal: bool, scale: f
     # the input dtype gives the same bits, and the accumulators (dQ here, dK/dV on the ring) take
     # half the memory.
     acc = torch.float32 if ring.w > 2 else q.dtype
+    groups = _head_groups(q.shape[1], q.shape[2], k.shape[2])
+    everything = slice(None)
     dq = None
     k_cur, v_cur = k, v
     dkv = dkv_reqs = None
@@ -199,24 +216,29 @@ def _ring_bwd(kern, ring: _Ring, dout, q, k, v, out, lse, causal: bool, scale: f
         if step + 1 < ring.w:
             nxt, reqs = ring.exchange([k_cur, v_cur])
         j = (ring.r - step) % ring.w
-        if not causal or step == 0:
-            g = kern.bwd(dout, q, k_cur, v_cur, out, lse, causal and step == 0, scale, softcap, deterministic,
-                         partial_keys=_partial_keys(ring, step, causal, c))
-            dq = g[0].to(acc) if dq is None else dq.add_(g[0])  # step 0 comes here
-            dk_b, dv_b = g[1].to(acc), g[2].to(acc)
+        if not causal or step == 0:  # all queries, all the block's keys (a causal square at step 0)
+            rows, keys, mask, partial = everything, everything, causal and step == 0, _partial_keys(ring, step, causal, c)
         elif j < ring.r:  # all queries against j's first chunk: its second gets no gradient here
-            g = kern.bwd(dout, q, k_cur[:, :c], v_cur[:, :c], out, lse, False, scale, softcap, deterministic,
-                         partial_keys=True)
-            dq.add_(g[0])
-            dk_b, dv_b = (torch.zeros(k.shape, dtype=acc, device=k.device) for _ in range(2))
-            dk_b[:, :c] = g[1]
-            dv_b[:, :c] = g[2]
+            rows, keys, mask, partial = everything, slice(0, c), False, True
         else:  # our second chunk's queries against both of j's chunks
-            g = kern.bwd(dout[:, c:], q[:, c:], k_cur, v_cur, out[:, c:], lse[..., c:].contiguous(), False, scale,
-                         softcap, deterministic, partial_keys=True)
-            dq[:, c:].add_(g[0])
+            rows, keys, mask, partial = slice(c, None), everything, False, True
+        if len(groups) == 1 and rows == everything and keys == everything:  # the call's outputs accumulate
+            g = kern.bwd(dout, q, k_cur, v_cur, out, lse, mask, scale, softcap, deterministic, partial_keys=partial)
+            dq = g[0].to(acc) if dq is None else dq.add_(g[0])
             dk_b, dv_b = g[1].to(acc), g[2].to(acc)
-        del g
+            del g
+        else:
+            if dq is None:  # step 0, whose rows are all of them
+                dq = torch.empty(q.shape, dtype=acc, device=q.device)
+            new = torch.empty if keys == everything else torch.zeros
+            dk_b, dv_b = (new(k.shape, dtype=acc, device=k.device) for _ in range(2))
+            for qh, kh in groups:
+                g = kern.bwd(dout[:, rows, qh], q[:, rows, qh], k_cur[:, keys, kh], v_cur[:, keys, kh], out[:, rows, qh],
+                             lse[:, qh, rows].contiguous(), mask, scale, softcap, deterministic, partial_keys=partial)
+                (dq[:, rows, qh].copy_ if step == 0 else dq[:, rows, qh].add_)(g[0])
+                dk_b[:, keys, kh].copy_(g[1])
+                dv_b[:, keys, kh].copy_(g[2])
+                del g
         if dkv is not None:  # the accumulators of this block, from the rank that held it last step
             _wait(dkv_reqs)
             dk_b.add_(dkv[0])

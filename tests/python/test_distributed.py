@@ -81,8 +81,10 @@ def _init(rank, world, init_file):
                             timeout=__import__("datetime").timedelta(seconds=60))
 
 
-def _ring_worker(rank, world, init_file, causal, h, hk, softcap):
+def _ring_worker(rank, world, init_file, causal, h, hk, softcap, split=False):
     _init(rank, world, init_file)
+    if split:  # every shard long enough for the backward's calls over halves of the heads
+        fcd._SPLIT_HEADS_FROM_TOKENS = 1
     try:
         gen = torch.Generator().manual_seed(7)
         b, s, d = 2, 12 * world, 16
@@ -161,6 +163,17 @@ def test_ring_needs_an_initialised_group_and_no_window():
 @pytest.mark.parametrize("causal", [True, False])
 def test_ring_matches_the_whole_sequence(tmp_path, world, causal):
     _spawn(_ring_worker, world, (causal, 4, 2, 0.0), tmp_path)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_ring_backward_over_halves_of_the_heads(tmp_path, world):
+    _spawn(_ring_worker, world, (True, 6, 2, 0.0, True), tmp_path)
+
+
+def test_head_groups():
+    assert fcd._head_groups(1 << 20, 32, 8) == [(slice(0, 16), slice(0, 4)), (slice(16, 32), slice(4, 8))]
+    assert fcd._head_groups(1 << 20, 5, 1) == [(slice(0, 5), slice(0, 1))]  # MQA: one call
+    assert fcd._head_groups(1024, 32, 8) == [(slice(0, 32), slice(0, 8))]  # a short shard: one call
 
 
 def test_ring_softcap_and_mqa(tmp_path):
