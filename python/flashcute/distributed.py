@@ -217,7 +217,8 @@ def _ring_bwd(kern, ring: _Ring, dout, q, k, v, out, lse, causal: bool, scale: f
             nxt, reqs = ring.exchange([k_cur, v_cur])
         j = (ring.r - step) % ring.w
         if not causal or step == 0:  # all queries, all the block's keys (a causal square at step 0)
-            rows, keys, mask, partial = everything, everything, causal and step == 0, _partial_keys(ring, step, causal, c)
+            rows, keys, mask = everything, everything, causal and step == 0
+            partial = _partial_keys(ring, step, causal, c)
         elif j < ring.r:  # all queries against j's first chunk: its second gets no gradient here
             rows, keys, mask, partial = everything, slice(0, c), False, True
         else:  # our second chunk's queries against both of j's chunks
@@ -233,8 +234,9 @@ def _ring_bwd(kern, ring: _Ring, dout, q, k, v, out, lse, causal: bool, scale: f
             new = torch.empty if keys == everything else torch.zeros
             dk_b, dv_b = (new(k.shape, dtype=acc, device=k.device) for _ in range(2))
             for qh, kh in groups:
-                g = kern.bwd(dout[:, rows, qh], q[:, rows, qh], k_cur[:, keys, kh], v_cur[:, keys, kh], out[:, rows, qh],
-                             lse[:, qh, rows].contiguous(), mask, scale, softcap, deterministic, partial_keys=partial)
+                g = kern.bwd(dout[:, rows, qh], q[:, rows, qh], k_cur[:, keys, kh], v_cur[:, keys, kh],
+                             out[:, rows, qh], lse[:, qh, rows].contiguous(), mask, scale, softcap, deterministic,
+                             partial_keys=partial)
                 (dq[:, rows, qh].copy_ if step == 0 else dq[:, rows, qh].add_)(g[0])
                 dk_b[:, keys, kh].copy_(g[1])
                 dv_b[:, keys, kh].copy_(g[2])

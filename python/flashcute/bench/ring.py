@@ -49,7 +49,8 @@ def _ints(text: str) -> list[int]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"python -m {PROG}", description=__doc__.split("\n\n")[0])
-    p.add_argument("--seqlens", type=_ints, default=[65536, 131072, 262144], help="total tokens (default 64k,128k,256k)")
+    p.add_argument("--seqlens", type=_ints, default=[65536, 131072, 262144],
+                   help="total tokens (default 64k,128k,256k)")
     p.add_argument("--heads", default="32:8", help="nheads:nheads_k (default 32:8)")
     p.add_argument("--headdim", type=int, default=128)
     p.add_argument("--causal", default="1,0", help="1, 0 or both (default 1,0)")
@@ -154,7 +155,9 @@ def _worker(rank: int, world: int, init_file: str, args: argparse.Namespace, out
         for s in args.seqlens:
             row: dict[str, Any] = {"seqlen": s, "causal": causal, "heads": f"{h}:{hk}", "headdim": d, "world": world}
             g = torch.Generator(device="cuda").manual_seed(s)
-            mk = lambda n, length: torch.randn(1, length, n, d, device="cuda", generator=g, dtype=torch.bfloat16)  # noqa: E731
+
+            def mk(n, length):
+                return torch.randn(1, length, n, d, device="cuda", generator=g, dtype=torch.bfloat16)
 
             if not args.skip_1gpu:  # the whole sequence on rank 0
                 torch.cuda.empty_cache()
