@@ -33,8 +33,8 @@ from flashcute.bench.run import run_point
 from flashcute.bench.timing import STANDARD, TURNS, Timing
 from flashcute.testing import Check
 
-MODULES = ("arrays", "check", "cli", "decode", "files", "grid", "impls", "prefill", "report", "results", "run",
-           "timing", "varlen")
+MODULES = ("arrays", "check", "cli", "decode", "files", "grid", "impls", "prefill", "report", "results", "ring",
+           "run", "timing", "varlen")
 OPTIONAL = ("torch", "cupy", "numpy", "matplotlib", "rich")
 
 
@@ -831,8 +831,11 @@ def test_decode_mode_parses_and_needs_torch_with_a_gpu(monkeypatch, capsys, tmp_
     from flashcute.bench import decode
 
     a = decode.build_parser().parse_args(["--batches", "1,64", "--heads", "32:8", "--eager", "--page", "256"])
-    assert a.batches == [1, 64] and a.heads == [(32, 8)] and a.graph is False and a.page == 256
-    assert decode.build_parser().parse_args([]).graph is True  # CUDA-graph replays by default
+    assert a.batches == [1, 64] and a.heads == [(32, 8)] and a.modes == ["eager"] and a.page == 256
+    assert decode.build_parser().parse_args([]).modes == ["graph"]  # CUDA-graph replays by default
+    a = decode.build_parser().parse_args(["--modes", "graph,eager", "--paths", "auto,sm80"])
+    assert a.modes == ["graph", "eager"] and a.paths == ["auto", "sm80"]
+    assert decode.subject_names(a.paths) == ["fc", "fc-paged", "fc@sm80", "fc-paged@sm80", "sdpa-flash", "sdpa-cudnn"]
     parser = decode.build_parser()
     assert decode.parse_timing(parser, parser.parse_args([])) == Timing(STANDARD, 5, 20)
     turns = parser.parse_args(["--timing", "turns", "--rounds", "4", "--iters", "8"])
@@ -843,13 +846,27 @@ def test_decode_mode_parses_and_needs_torch_with_a_gpu(monkeypatch, capsys, tmp_
     assert not any(tmp_path.iterdir())
 
 
-@pytest.mark.parametrize("argv", [["--rounds", "2"], ["--timing", "turns", "--rounds", "0"], ["--iters", "0"]])
+def test_decode_rows_and_summary_per_mode():
+    from flashcute.bench import decode
+
+    names = decode.subject_names(["sm80"])
+    rows = [{"mode": m, "batch": 1, "seqlen_k": 4096, "nheads": 32, "nheads_k": 8, "kv_bytes": 300e6, "num_splits": 4,
+             "tbps": {"fc@sm80": f, "fc-paged@sm80": f * 0.9, "sdpa-flash": 1.0, "sdpa-cudnn": 2.0}}
+            for m, f in (("graph", 2.4), ("eager", 1.0))]
+    assert "graph" in decode.line(rows[0], 3.0, names) and "   0.80    1.20     0.90" in decode.line(rows[0], 3.0, names)
+    out = decode.summary(rows, "eager", names, 3.0, "GPU", Timing(STANDARD, 5, 20))
+    assert "eager" in out and "fc@sm80/copy min 0.33" in out and "min 0.50" in out and "paged/contiguous min 0.90" in out
+
+
+@pytest.mark.parametrize("argv", [["--rounds", "2"], ["--timing", "turns", "--rounds", "0"], ["--iters", "0"],
+                                  ["--modes", "replay"], ["--paths", "sm70"], ["--graph", "--modes", "eager"]])
 def test_decode_timing_usage_errors(argv, capsys):
     # decode's --rounds once meant "best of this many medians"; it now means what the forward's does.
     with pytest.raises(SystemExit) as exc:
         cli.main(["decode", *argv])
     assert exc.value.code == 2
-    assert "error: --" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "error: --" in err or "error: argument --" in err
 
 
 def test_python_dash_m_decode_help():

@@ -4,7 +4,10 @@ At every point (batch x seqlen_k x heads; bf16, one head dim) one new query toke
 attends to a KV cache of seqlen_k keys. Timed, in one process on the same keys:
 
 - ``fc``: :func:`flashcute.flash_attn_with_kvcache` on the contiguous cache, cache_seqlens given;
-- ``fc-paged``: the same keys in a paged cache (``--page`` tokens a page, pages shuffled);
+- ``fc-paged``: the same keys in a paged cache (``--page`` tokens a page, pages shuffled). Both run
+  on every path of ``--paths`` (``FLASHCUTE_FORWARD_PATH``, set before the calls and the graph
+  capture): ``auto`` gives ``fc``, ``sm80`` ``fc@sm80``...; the row's ``path`` is what
+  :func:`flashcute.last_forward_path` said;
 - ``sdpa-flash``, ``sdpa-cudnn``: ``torch.nn.functional.scaled_dot_product_attention`` with that
   backend, on the contiguous cache transposed to (batch, heads, seq, dim), ``enable_gqa=True``;
 - ``copy``: a 1 GiB device-to-device ``Tensor.copy_`` (bytes read + written, timed eagerly), the
@@ -15,8 +18,9 @@ timer and schedules as the forward bench (:mod:`flashcute.bench.timing`, ``--tim
 the standard timing (each implementation after a warm-up, every timed call after an L2 flush
 outside its events, in order and then in reverse, the median of both passes), so a cache smaller
 than L2 is read from memory as in a served step; ``--timing turns --rounds N`` takes them in
-turns. ``--graph`` (the default) times CUDA-graph replays of each call: the GPU's time, as a
-served decode step runs; ``--eager`` times plain calls, which include each call's host time.
+turns. ``--modes graph`` (the default, or ``--graph``) times CUDA-graph replays of each call: the
+GPU's time, as a served decode step runs; ``--modes eager`` (``--eager``) times plain calls, which
+include each call's host time; ``--modes graph,eager`` gives both, a row each.
 Before timing, flashcute's outputs are checked against SDPA flash's (max |diff| printed; the
 numerical tests are in tests/python).
 
@@ -42,6 +46,23 @@ from .timing import Subject, Timing, time_calls, time_subjects
 
 PROG = "flashcute.bench decode"
 IMPLS = ("fc", "fc-paged", "sdpa-flash", "sdpa-cudnn")
+SDPA = ("sdpa-flash", "sdpa-cudnn")
+PATH_VAR = "FLASHCUTE_FORWARD_PATH"
+PATHS = ("auto", "sm90", "sm80")
+MODES = ("graph", "eager")
+
+
+def _list(text: str) -> list[str]:
+    return list(dict.fromkeys(x for x in text.split(",") if x))
+
+
+def _tag(path: str) -> str:
+    return "" if path == "auto" else f"@{path}"
+
+
+def subject_names(paths: Sequence[str]) -> list[str]:
+    """The timed subjects in order: fc and fc-paged on each path, then SDPA's."""
+    return [base + _tag(path) for path in paths for base in ("fc", "fc-paged")] + list(SDPA)
 
 
 def _ints(text: str) -> list[int]:
@@ -63,9 +84,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip points whose KV cache is larger (default 9: the cache, its paged copy and SDPA's "
                         "inputs fit in 80 GB)")
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--graph", dest="graph", action="store_true", default=True,
-                      help="time CUDA-graph replays (default)")
-    mode.add_argument("--eager", dest="graph", action="store_false", help="time eager calls (host time included)")
+    mode.add_argument("--modes", type=_list, default=["graph"],
+                      help="graph (CUDA-graph replays, the default), eager (plain calls, host time included), or "
+                           "graph,eager: a row each")
+    mode.add_argument("--graph", dest="modes", action="store_const", const=["graph"], help="--modes graph")
+    mode.add_argument("--eager", dest="modes", action="store_const", const=["eager"], help="--modes eager")
+    p.add_argument("--paths", type=_list, default=["auto"],
+                   help="forward paths (FLASHCUTE_FORWARD_PATH) to time flashcute on, comma-separated: auto (default), "
+                        "sm90, sm80")
     p.add_argument("--timing", choices=timing.TIMINGS, default=timing.STANDARD,
                    help="standard (default): each implementation after a warm-up, every timed call after an L2 "
                         "flush, in order then in reverse, the median of both passes; turns: in turns (--rounds), "
@@ -119,13 +145,15 @@ def copy_tbps(lib: TorchLib, how: Timing) -> float:
     return 2 * src.numel() * 2 / (ms * 1e-3) / 1e12
 
 
-def run_point(lib: TorchLib, how: Timing, graph: bool, flush: Callable[[], Any] | None, b: int, s: int, h: int,
-              hk: int, d: int, page: int) -> dict[str, Any]:
-    """Checks and times every implementation at one point (one process, the same keys)."""
+def run_point(lib: TorchLib, how: Timing, modes: Sequence[str], flush: Callable[[], Any] | None, b: int, s: int,
+              h: int, hk: int, d: int, page: int, paths: Sequence[str] = ("auto",)) -> list[dict[str, Any]]:
+    """Checks and times every subject at one point (one process, the same keys): a row for each of
+    `modes`."""
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from .._torch import _kvcache_launch
+    from .impls import env_var
 
     torch = lib.m
     dt = torch.bfloat16
@@ -148,43 +176,60 @@ def run_point(lib: TorchLib, how: Timing, graph: bool, flush: Callable[[], Any] 
                 return F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=h != hk).transpose(1, 2)
         return run
 
-    runs = {
-        "fc": lambda: flashcute.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens),
-        "fc-paged": lambda: flashcute.flash_attn_with_kvcache(q, kp, vp, cache_seqlens=seqlens, block_table=table),
-        "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION),
-        "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
-    }
-    outs, notes = {}, {}
-    for name, run in list(runs.items()):
-        try:
-            outs[name] = run()
+    runs: dict[str, tuple[str | None, Callable[[], Any]]] = {}  # name: (FLASHCUTE_FORWARD_PATH, call)
+    for path in paths:
+        runs["fc" + _tag(path)] = (path, lambda: flashcute.flash_attn_with_kvcache(q, k, v, cache_seqlens=seqlens))
+        runs["fc-paged" + _tag(path)] = (path, lambda: flashcute.flash_attn_with_kvcache(
+            q, kp, vp, cache_seqlens=seqlens, block_table=table))
+    runs.update({n: (None, sdpa(be)) for n, be in zip(SDPA, (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION))})
+    outs, notes, kinds = {}, {}, {}
+    for name, (path, run) in list(runs.items()):
+        try:  # the variable is read when a call is planned: a graph records the launch made at capture
+            with env_var(PATH_VAR, path):
+                outs[name] = run()
+                if name.startswith("fc"):
+                    kinds[name] = flashcute.last_forward_path()
         except RuntimeError as exc:  # an SDPA backend that refuses this point
             notes[name] = str(exc).splitlines()[0][:120]
             del runs[name]
-    subjects = [Subject(name, [graph_replay(torch, run) if graph else run]) for name, run in runs.items()]
-    timed = time_subjects(lib, subjects, how, flush)
-    for name, exc in timed.errors.items():
-        notes[name] = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:120]}"
-    ms = {name: statistics.median(ts) for name, ts in timed.times_ms.items() if name not in timed.errors}
     kv_bytes = 2 * b * s * hk * d * 2
     ref = outs.get("sdpa-flash")
-    diff = max(((outs[n].float() - ref.float()).abs().max().item() for n in ("fc", "fc-paged")), default=None) \
-        if ref is not None else None
+    diff = max(((o.float() - ref.float()).abs().max().item() for n, o in outs.items() if n.startswith("fc")),
+               default=None) if ref is not None else None
     splits = _kvcache_launch(q, k, v, None, None, seqlens, None, torch.empty_like(q), None,
                              (d ** -0.5, False, -1, -1, 0.0), 0, q.get_device(),
                              torch.cuda.current_stream().cuda_stream, False)
-    return {"batch": b, "seqlen_k": s, "nheads": h, "nheads_k": hk, "headdim": d, "kv_bytes": kv_bytes,
-            "num_splits": splits, "ms": ms, "tbps": {n: kv_bytes / (t * 1e-3) / 1e12 for n, t in ms.items()},
-            "max_abs_diff_vs_sdpa_flash": diff, "unavailable": notes}
+    rows = []
+    for mode in modes:
+        subjects = []
+        for name, (path, run) in runs.items():
+            with env_var(PATH_VAR, path):
+                call = graph_replay(torch, run) if mode == "graph" else run
+            subjects.append(Subject(name, [call], lambda path=path: env_var(PATH_VAR, path)))
+        timed = time_subjects(lib, subjects, how, flush)
+        mode_notes = dict(notes)
+        for name, exc in timed.errors.items():
+            mode_notes[name] = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:120]}"
+        ms = {name: statistics.median(ts) for name, ts in timed.times_ms.items() if name not in timed.errors}
+        rows.append({"batch": b, "seqlen_k": s, "nheads": h, "nheads_k": hk, "headdim": d, "mode": mode,
+                     "kv_bytes": kv_bytes, "num_splits": splits, "path": kinds, "ms": ms,
+                     "tbps": {n: kv_bytes / (t * 1e-3) / 1e12 for n, t in ms.items()},
+                     "max_abs_diff_vs_sdpa_flash": diff, "unavailable": mode_notes})
+    return rows
 
 
-def line(r: dict[str, Any], copy: float) -> str:
+def line(r: dict[str, Any], copy: float, names: Sequence[str]) -> str:
+    """A row: TB/s of every subject in `names`, then the first path's fc against the copy, the
+    faster SDPA backend and its paged call."""
     t = r["tbps"]
-    cells = " ".join(f"{t[n]:6.2f}" if n in t else "     -" for n in IMPLS)
-    best = max((t[n] for n in ("sdpa-flash", "sdpa-cudnn") if n in t), default=None)
-    ratio = f"{t['fc'] / best:5.2f}" if best else "    -"
-    return (f"{r['batch']:5d} {r['seqlen_k']:7d} {r['nheads']:3d}:{r['nheads_k']:<2d} {r['kv_bytes'] / 1e6:7.0f} "
-            f"{r['num_splits']:6d} | {cells} | {t['fc'] / copy:7.2f} {ratio} {t['fc-paged'] / t['fc']:8.2f}")
+    fc, paged = names[0], names[1]
+    cells = " ".join(f"{t[n]:9.2f}" if n in t else "        -" for n in names)
+    best = max((t[n] for n in SDPA if n in t), default=None)
+    ratio = f"{t[fc] / best:7.2f}" if best and fc in t else "      -"
+    own = f"{t[fc] / copy:7.2f}" if fc in t else "      -"
+    pag = f"{t[paged] / t[fc]:8.2f}" if fc in t and paged in t else "       -"
+    return (f"{r['mode']:>5} {r['batch']:5d} {r['seqlen_k']:7d} {r['nheads']:3d}:{r['nheads_k']:<2d} "
+            f"{r['kv_bytes'] / 1e6:7.0f} {r['num_splits']:6d} | {cells} | {own} {ratio} {pag}")
 
 
 def plot_panels(path: Path, rows: Sequence[dict[str, Any]], panel: Callable[[dict[str, Any]], tuple],
@@ -223,9 +268,10 @@ def plot_panels(path: Path, rows: Sequence[dict[str, Any]], panel: Callable[[dic
     return True
 
 
-def write_plot(path: Path, rows: Sequence[dict[str, Any]], copy: float, title: str) -> bool:
-    return plot_panels(path, rows, lambda r: (r["nheads"], r["nheads_k"], r["batch"]),
-                       lambda k: f"batch {k[2]}, heads {k[0]}:{k[1]}", "seqlen_k", "tbps", IMPLS, title,
+def write_plot(path: Path, rows: Sequence[dict[str, Any]], copy: float, title: str,
+               names: Sequence[str] = IMPLS) -> bool:
+    return plot_panels(path, rows, lambda r: (r["nheads"], r["nheads_k"], r["batch"], r.get("mode", "graph")),
+                       lambda k: f"batch {k[2]}, heads {k[0]}:{k[1]}, {k[3]}", "seqlen_k", "tbps", names, title,
                        "seqlen_k", "TB/s of K+V", hline=(copy, "copy"))
 
 
@@ -249,6 +295,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     a = parser.parse_args(argv)
     how = parse_timing(parser, a)
+    if not a.modes or not set(a.modes) <= set(MODES):
+        parser.error(f"--modes: expected {', '.join(MODES)}, comma-separated, got {','.join(a.modes)!r}")
+    if not a.paths or not set(a.paths) <= set(PATHS):
+        parser.error(f"--paths: expected {', '.join(PATHS)}, comma-separated, got {','.join(a.paths)!r}")
     opened = open_torch(PROG, how)
     if opened is None:
         return 1
@@ -256,48 +306,61 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch = lib.m
     gpu = torch.cuda.get_device_name()
     copy = copy_tbps(lib, how)
-    mode = "CUDA-graph replays" if a.graph else "eager calls"
+    modes = " and ".join({"graph": "CUDA-graph replays", "eager": "eager calls"}[m] for m in a.modes)
     method = how.method(flush_nbytes)
+    names = subject_names(a.paths)
     print(f"# {PROG}: {gpu}, torch {torch.__version__}, flashcute {flashcute.__version__}, bf16, d {a.headdim}, "
-          f"{mode}; copy {copy:.2f} TB/s; paged: {a.page}-token pages")
+          f"{modes}; copy {copy:.2f} TB/s; paged: {a.page}-token pages; paths {','.join(a.paths)}")
     print(f"# {PROG}: {method}")
-    print(f"{'batch':>5} {'seqlen_k':>7} {'heads':>6} {'kv_MB':>7} {'splits':>6} | "
-          + " ".join(f"{n:>6}"[-6:] for n in IMPLS) + " | fc/copy fc/sdpa paged/fc   (TB/s of K+V)")
+    print(f"{'mode':>5} {'batch':>5} {'seqlen_k':>7} {'heads':>6} {'kv_MB':>7} {'splits':>6} | "
+          + " ".join(f"{n:>9}"[-9:] for n in names)
+          + f" | {'fc/copy':>7} {'fc/sdpa':>7} {'paged/fc':>8}   (TB/s of K+V)")
     rows = []
     for h, hk in a.heads:
         for b in a.batches:
             for s in a.seqlens:
                 if 2 * b * s * hk * a.headdim * 2 > a.max_gb * 1e9 or s % a.page:
                     continue
-                r = run_point(lib, how, a.graph, flush, b, s, h, hk, a.headdim, a.page)
-                rows.append(r)
-                print(line(r, copy), flush=True)
+                for r in run_point(lib, how, a.modes, flush, b, s, h, hk, a.headdim, a.page, a.paths):
+                    rows.append(r)
+                    print(line(r, copy, names), flush=True)
                 torch.cuda.empty_cache()
     a.out_dir.mkdir(parents=True, exist_ok=True)
     stem = a.out_dir / f"decode-{_dt.datetime.now(_dt.timezone.utc):%Y%m%dT%H%M%SZ}"
-    meta = {"gpu": gpu, "versions": versions(), "argv": list(sys.argv[1:] if argv is None else argv), "mode": mode,
-            "copy_tbps": copy, "timing_kind": how.kind, "timing": method, "iters": how.timed_calls,
-            "warmup": how.warmup, "page": a.page}
+    meta = {"gpu": gpu, "versions": versions(), "argv": list(sys.argv[1:] if argv is None else argv), "modes": a.modes,
+            "paths": a.paths, "copy_tbps": copy, "timing_kind": how.kind, "timing": method,
+            "iters": how.timed_calls, "warmup": how.warmup, "page": a.page}
     stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "points": rows}, indent=1))
     with open(stem.with_suffix(".csv"), "w") as f:
-        f.write("batch,seqlen_k,nheads,nheads_k,headdim,kv_bytes,num_splits,impl,timing,ms,tbps,fraction_of_copy\n")
+        f.write("mode,batch,seqlen_k,nheads,nheads_k,headdim,kv_bytes,num_splits,impl,path,timing,ms,tbps,"
+                "fraction_of_copy\n")
         for r in rows:
             for n, ms in r["ms"].items():
-                f.write(f"{r['batch']},{r['seqlen_k']},{r['nheads']},{r['nheads_k']},{r['headdim']},{r['kv_bytes']},"
-                        f"{r['num_splits']},{n},{how.kind},{ms:.5f},{r['tbps'][n]:.4f},{r['tbps'][n] / copy:.4f}\n")
+                f.write(f"{r['mode']},{r['batch']},{r['seqlen_k']},{r['nheads']},{r['nheads_k']},{r['headdim']},"
+                        f"{r['kv_bytes']},{r['num_splits']},{n},{r['path'].get(n, '')},{how.kind},{ms:.5f},"
+                        f"{r['tbps'][n]:.4f},{r['tbps'][n] / copy:.4f}\n")
     written = [stem.with_suffix(".csv"), stem.with_suffix(".json")]
-    title = f"flashcute decode on {gpu} ({mode}, {how.summary})"
-    if not a.no_plot and write_plot(stem.with_suffix(".png"), rows, copy, title):
+    title = f"flashcute decode on {gpu} ({modes}, {how.summary})"
+    if not a.no_plot and write_plot(stem.with_suffix(".png"), rows, copy, title, names):
         written.append(stem.with_suffix(".png"))
     print(f"# {PROG}: wrote " + ", ".join(map(str, written)))
-    big = [r for r in rows if r["kv_bytes"] >= 256e6]
-    if rows:
-        worst_copy = min(r["tbps"]["fc"] / copy for r in big) if big else float("nan")
-        ratios = [r["tbps"]["fc"] / max(r["tbps"][n] for n in ("sdpa-flash", "sdpa-cudnn") if n in r["tbps"])
-                  for r in rows if any(n in r["tbps"] for n in ("sdpa-flash", "sdpa-cudnn"))]
-        paged = [r["tbps"]["fc-paged"] / r["tbps"]["fc"] for r in rows]
-        print(f"{PROG} summary [{gpu}, {how.summary}]: fc/copy min {worst_copy:.2f} where the cache is >= 256 MB; "
-              f"fc/best-sdpa min {min(ratios, default=float('nan')):.2f}, "
-              f"geomean {statistics.geometric_mean(ratios) if ratios else float('nan'):.2f}; "
-              f"paged/contiguous min {min(paged):.2f}")
+    for mode in a.modes:
+        print(summary(rows, mode, names, copy, gpu, how))
     return 0
+
+
+def summary(rows: Sequence[dict[str, Any]], mode: str, names: Sequence[str], copy: float, gpu: str,
+            how: Timing) -> str:
+    """One mode's line against the targets: fc against the copy where the cache is >= 256 MB, against
+    the faster SDPA backend, and paged against contiguous, for the first path's fc."""
+    fc, paged = names[0], names[1]
+    sel = [r for r in rows if r["mode"] == mode and fc in r["tbps"]]
+    big = [r for r in sel if r["kv_bytes"] >= 256e6]
+    worst_copy = min(r["tbps"][fc] / copy for r in big) if big else float("nan")
+    ratios = [r["tbps"][fc] / max(r["tbps"][n] for n in SDPA if n in r["tbps"])
+              for r in sel if any(n in r["tbps"] for n in SDPA)]
+    pag = [r["tbps"][paged] / r["tbps"][fc] for r in sel if paged in r["tbps"]]
+    return (f"{PROG} summary [{gpu}, {mode}, {how.summary}]: {fc}/copy min {worst_copy:.2f} where the cache is "
+            f">= 256 MB; {fc}/best-sdpa min {min(ratios, default=float('nan')):.2f}, "
+            f"geomean {statistics.geometric_mean(ratios) if ratios else float('nan'):.2f}; "
+            f"paged/contiguous min {min(pag, default=float('nan')):.2f}")
