@@ -8,10 +8,8 @@ are separate.
 
 from __future__ import annotations
 
-import os
-import time
-
 import pytest
+from ranks import spawn
 
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
@@ -122,16 +120,7 @@ def _mismatch_worker(rank, world, init_file):
 
 
 def _spawn(fn, world, args, tmp_path, deadline_s=120):
-    import torch.multiprocessing as mp
-
-    init_file = str(tmp_path / f"init-{time.monotonic_ns()}")
-    ctx = mp.start_processes(fn, args=(world, init_file, *args), nprocs=world, join=False, start_method="spawn")
-    end = time.monotonic() + deadline_s
-    while not ctx.join(timeout=max(1.0, end - time.monotonic())):
-        if time.monotonic() > end:
-            for p in ctx.processes:
-                p.kill()
-            pytest.fail(f"{fn.__name__} on {world} processes did not finish in {deadline_s} s (a hang)")
+    spawn(fn, world, args, tmp_path, deadline_s)
 
 
 def test_zigzag_shard_and_unshard_invert_each_other():

@@ -12,9 +12,9 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
+from ranks import spawn
 
 pytestmark = pytest.mark.gpu
 
@@ -134,16 +134,7 @@ def _bad_call_worker(rank, world, init_file):
 
 
 def _spawn(fn, args, tmp_path, deadline_s=300, world=2):
-    import torch.multiprocessing as mp
-
-    init_file = str(tmp_path / f"init-{time.monotonic_ns()}")
-    ctx = mp.start_processes(fn, args=(world, init_file, *args), nprocs=world, join=False, start_method="spawn")
-    end = time.monotonic() + deadline_s
-    while not ctx.join(timeout=max(1.0, end - time.monotonic())):
-        if time.monotonic() > end:
-            for p in ctx.processes:
-                p.kill()
-            pytest.fail(f"{fn.__name__} on {world} GPUs did not finish in {deadline_s} s (a hang)")
+    spawn(fn, world, args, tmp_path, deadline_s, "GPUs")
 
 
 def test_torch_ring_on_two_gpus(torch, require_kernel, tmp_path):
