@@ -121,6 +121,11 @@ TEST(PlanBwd, NamesTheSm90KernelWhereItCanRun) {
   ASSERT_TRUE(flashcute::plan_bwd(a, p).ok());
   EXPECT_EQ(p.sm90_kernel.arch, flashcute::Arch::kSm90);
   EXPECT_TRUE(p.params.deterministic);
+  // partial_keys (ring attention's blocks) reaches the kernels' params, off by default.
+  EXPECT_FALSE(p.params.partial_keys);
+  a.partial_keys = true;
+  ASSERT_TRUE(flashcute::plan_bwd(a, p).ok());
+  EXPECT_TRUE(p.params.partial_keys);
 }
 
 // A varlen call: three sequences in 100 query rows and 120 key rows. The sm90 backward takes it
