@@ -134,6 +134,12 @@ def _merge_(out, lse, o, lse_o) -> None:
     lse.copy_(new)
 
 
+def _as_flag(name: str, value: Any) -> bool:
+    if value is True or value is False:
+        return value
+    raise TypeError(f"ring_flash_attn_func: {name}: expected a bool, got {type(value).__name__}")
+
+
 def _check_call(q, k, v, ring: _Ring, options: Tuple) -> None:
     """The same shapes, dtype and options on every rank (one all-gather), so that a mismatch raises
     everywhere instead of leaving some ranks waiting in the ring."""
@@ -147,9 +153,6 @@ def _check_call(q, k, v, ring: _Ring, options: Tuple) -> None:
     if any(not torch.equal(e, every[0]) for e in every):
         raise ValueError("ring_flash_attn_func: the ranks' q, k, v shapes, dtype or options differ: "
                          + "; ".join(f"rank {i}: {e.tolist()[:12]}" for i, e in enumerate(every)))
-    if q.shape[1] != k.shape[1] or k.shape != v.shape:
-        raise ValueError(f"ring_flash_attn_func: expected q, k and v shards of the same sequence length and k, v "
-                         f"alike, got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
 
 
 def _ring_fwd(kern, ring: _Ring, q, k, v, causal: bool, scale: float, softcap: float):
@@ -287,7 +290,7 @@ _AUTOGRAD: Optional[Any] = None
 
 def ring_flash_attn_func(q: Any, k: Any, v: Any, softmax_scale: Optional[float] = None, causal: bool = False,
                          window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0, deterministic: bool = False,
-                         return_lse: bool = False, group=None, _kernels: Optional[Any] = None):
+                         return_lse: bool = False, group=None, check: bool = True, _kernels: Optional[Any] = None):
     """Attention over one sequence sharded along dim 1 over the ranks of `group` (the default
     group: None), as :func:`flashcute.flash_attn_func` on the whole sequence would give each
     rank's rows. Differentiable (torch autograd).
@@ -300,12 +303,16 @@ def ring_flash_attn_func(q: Any, k: Any, v: Any, softmax_scale: Optional[float] 
         window_size: (-1, -1) only; a sliding window over shards is not built (NotImplementedError).
         return_lse: also return this rank's rows' lse, float32 (batch, nheads, seqlen / W).
         group: the torch.distributed process group (None: the default one).
+        check: compare every rank's shapes, dtype and options first (one small all-gather, read on
+            the host: a synchronisation a call). False skips it, for calls known to agree (a
+            training loop after its first step): ranks that disagree then fail or hang in the
+            group's backend instead of raising.
 
     Return: out (and lse), this rank's rows, in its shard's layout.
     Runs eagerly and under torch.compile (graph breaks at the collectives); CUDA-graph capture
     of the ring is not tested.
-    Raises ValueError on every rank when the ranks' shapes, dtypes or options differ, or a causal
-    shard's length is odd (two zigzag chunks).
+    Raises ValueError on every rank when the ranks' shapes, dtypes or options differ (with check),
+    or a causal shard's length is odd (two zigzag chunks).
     """
     global _AUTOGRAD
     torch, _ = _torch()
@@ -318,8 +325,13 @@ def ring_flash_attn_func(q: Any, k: Any, v: Any, softmax_scale: Optional[float] 
         raise NotImplementedError(f"ring_flash_attn_func: window_size: only (-1, -1) (no window) across shards, "
                                   f"got {tuple(window_size)}")
     scale = float(softmax_scale) if softmax_scale is not None else q.shape[-1] ** -0.5
+    check = _as_flag("check", check)
     ring = _Ring(group)
-    _check_call(q, k, v, ring, (bool(causal), scale, float(softcap), bool(deterministic)))
+    if check:
+        _check_call(q, k, v, ring, (bool(causal), scale, float(softcap), bool(deterministic)))
+    if q.shape[1] != k.shape[1] or k.shape != v.shape:
+        raise ValueError(f"ring_flash_attn_func: expected q, k and v shards of the same sequence length and k, v "
+                         f"alike, got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
     if causal and q.shape[1] % 2:
         raise ValueError(f"ring_flash_attn_func: a causal shard holds two zigzag chunks, so its length must be even, "
                          f"got {q.shape[1]}")

@@ -104,8 +104,21 @@ def _ring_worker(rank, world, init_file, causal, h, hk, softcap, split=False):
             assert torch.allclose(g, w, atol=2e-5, rtol=1e-4), (rank, name, (g - w).abs().max().item())
         # unshard gives the whole sequence back on every rank
         assert torch.allclose(fcd.unshard(out.detach(), causal), out_ref.detach(), atol=2e-5, rtol=1e-4)
+        # check=False: no all-gather (a host synchronisation), the same result
+        gather = dist.all_gather
+        dist.all_gather = _refuse
+        try:
+            again = fcd.ring_flash_attn_func(*local, softmax_scale=scale, causal=causal, softcap=softcap, check=False,
+                                             _kernels=RefKernels())
+        finally:
+            dist.all_gather = gather
+        assert torch.equal(again, out)
     finally:
         dist.destroy_process_group()
+
+
+def _refuse(*args, **kwargs):
+    raise AssertionError("an all-gather with check=False")
 
 
 def _mismatch_worker(rank, world, init_file):
@@ -146,6 +159,8 @@ def test_ring_needs_an_initialised_group_and_no_window():
         fcd.ring_flash_attn_func(q, q, q, window_size=(8, 0))
     with pytest.raises(TypeError, match="torch tensors"):
         fcd.ring_flash_attn_func(q.numpy(), q, q)
+    with pytest.raises(TypeError, match="check: expected a bool"):
+        fcd.ring_flash_attn_func(q, q, q, check="yes")
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])
