@@ -60,6 +60,12 @@ def _tag(path: str) -> str:
     return "" if path == "auto" else f"@{path}"
 
 
+def check_choices(parser: argparse.ArgumentParser, flag: str, values: Sequence[str], allowed: Sequence[str]) -> None:
+    """A usage error (exit code 2) unless `values` is a non-empty subset of `allowed`."""
+    if not values or not set(values) <= set(allowed):
+        parser.error(f"{flag}: expected {', '.join(allowed)}, comma-separated, got {','.join(values)!r}")
+
+
 def subject_names(paths: Sequence[str]) -> list[str]:
     """The timed subjects in order: fc and fc-paged on each path, then SDPA's."""
     return [base + _tag(path) for path in paths for base in ("fc", "fc-paged")] + list(SDPA)
@@ -295,10 +301,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     a = parser.parse_args(argv)
     how = parse_timing(parser, a)
-    if not a.modes or not set(a.modes) <= set(MODES):
-        parser.error(f"--modes: expected {', '.join(MODES)}, comma-separated, got {','.join(a.modes)!r}")
-    if not a.paths or not set(a.paths) <= set(PATHS):
-        parser.error(f"--paths: expected {', '.join(PATHS)}, comma-separated, got {','.join(a.paths)!r}")
+    check_choices(parser, "--modes", a.modes, MODES)
+    check_choices(parser, "--paths", a.paths, PATHS)
     opened = open_torch(PROG, how)
     if opened is None:
         return 1

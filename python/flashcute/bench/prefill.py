@@ -41,14 +41,12 @@ import flashcute
 
 from . import timing
 from .arrays import TorchLib, versions
-from .decode import _heads, _ints, graph_replay, open_torch, parse_timing, plot_panels
+from .decode import (PATH_VAR, PATHS, SDPA, _heads, _ints, _list, _tag, check_choices, graph_replay, open_torch,
+                     parse_timing, plot_panels)
 from .impls import env_var
 from .timing import Subject, Timing, time_subjects
 
 PROG = "flashcute.bench prefill"
-PATH_VAR = "FLASHCUTE_FORWARD_PATH"
-PATHS = ("auto", "sm90", "sm80")
-SDPA = ("sdpa-flash", "sdpa-cudnn")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -63,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-causal", dest="causal", action="store_false",
                    help="no mask (default: causal, aligned to the bottom right)")
     p.add_argument("--pages", type=_ints, default=[16, 64], help="page sizes of the paged caches (default 16,64)")
-    p.add_argument("--paths", type=lambda text: list(dict.fromkeys(x for x in text.split(",") if x)), default=["auto"],
+    p.add_argument("--paths", type=_list, default=["auto"],
                    help="FLASHCUTE_FORWARD_PATH values to run the fc subjects on (default auto; e.g. sm90,sm80)")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--graph", action="store_true", default=True, help="time CUDA-graph replays (default)")
@@ -83,10 +81,6 @@ def build_parser() -> argparse.ArgumentParser:
 def prefill_flops(b: int, h: int, d: int, new: int, cached: int, causal: bool) -> int:
     """4 * b * h * d times the visible (query, key) pairs; causal: bottom-right aligned, exact."""
     return 4 * b * h * d * (new * cached + new * (new + 1) // 2 if causal else new * (cached + new))
-
-
-def _tag(path: str) -> str:
-    return "" if path == "auto" else f"@{path}"
 
 
 def subject_names(pages: Sequence[int], paths: Sequence[str]) -> list[str]:
@@ -194,8 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--headdim must be a multiple of 8 in [8, 256], --heads' nheads a multiple of nheads_k")
     if not a.pages or any(x < 16 or x & (x - 1) for x in a.pages):
         parser.error(f"--pages: the paged kernels take powers of two >= 16, got {a.pages}")
-    if not a.paths or not set(a.paths) <= set(PATHS):
-        parser.error(f"--paths: expected {', '.join(PATHS)}, comma-separated, got {','.join(a.paths)!r}")
+    check_choices(parser, "--paths", a.paths, PATHS)
     opened = open_torch(PROG, how)
     if opened is None:
         return 1
