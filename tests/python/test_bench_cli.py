@@ -836,6 +836,10 @@ def test_decode_mode_parses_and_needs_torch_with_a_gpu(monkeypatch, capsys, tmp_
     a = decode.build_parser().parse_args(["--modes", "graph,eager", "--paths", "auto,sm80"])
     assert a.modes == ["graph", "eager"] and a.paths == ["auto", "sm80"]
     assert decode.subject_names(a.paths) == ["fc", "fc-paged", "fc@sm80", "fc-paged@sm80", "sdpa-flash", "sdpa-cudnn"]
+    a = decode.build_parser().parse_args(["--paths", "auto,sm80", "--splits", "8,32"])
+    assert a.splits == [8, 32] and decode.build_parser().parse_args([]).splits == []
+    assert decode.subject_names(a.paths, a.splits) == ["fc", "fc-paged", "fc@sm80", "fc-paged@sm80", "fc/s8", "fc/s32",
+                                                       "fc@sm80/s8", "fc@sm80/s32", "sdpa-flash", "sdpa-cudnn"]
     parser = decode.build_parser()
     assert decode.parse_timing(parser, parser.parse_args([])) == Timing(STANDARD, 5, 20)
     turns = parser.parse_args(["--timing", "turns", "--rounds", "4", "--iters", "8"])
@@ -859,7 +863,8 @@ def test_decode_rows_and_summary_per_mode():
 
 
 @pytest.mark.parametrize("argv", [["--rounds", "2"], ["--timing", "turns", "--rounds", "0"], ["--iters", "0"],
-                                  ["--modes", "replay"], ["--paths", "sm70"], ["--graph", "--modes", "eager"]])
+                                  ["--modes", "replay"], ["--paths", "sm70"], ["--graph", "--modes", "eager"],
+                                  ["--splits", "0"], ["--splits", "8,129"]])
 def test_decode_timing_usage_errors(argv, capsys):
     # decode's --rounds once meant "best of this many medians"; it now means what the forward's does.
     with pytest.raises(SystemExit) as exc:
