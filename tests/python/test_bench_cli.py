@@ -1034,3 +1034,25 @@ def test_ring_bench_capacity_is_a_line_through_the_longest_points():
     cap = ring._capacity(rows, {"gpu_memory_gb": 81.0})
     assert cap == {"1gpu_causal": {"gb_per_1k_tokens": pytest.approx(1.024), "tokens": 80000}}
     assert ring._flops(1024, 2, 64, True) == 3.5 * 4 * 2 * 1024 * 1024 * 64 / 2
+
+
+def test_varlen_mode_takes_out_dir_and_writes_a_csv(monkeypatch, capsys, tmp_path):
+    # scripts/device_run.sh's bench stage adds --out-dir to every mode: varlen must take it.
+    from flashcute.bench import varlen
+
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["varlen", "--out-dir", str(tmp_path), "--paths", "sm70"])
+    assert exc.value.code == 2
+    assert "--paths: expected sm90 and/or sm80" in capsys.readouterr().err
+    monkeypatch.setitem(sys.modules, "torch", None)
+    assert cli.main(["varlen", "--out-dir", str(tmp_path)]) == 1
+    assert "flashcute.bench varlen: needs torch with a CUDA device" in capsys.readouterr().err
+    path = tmp_path / "v.csv"
+    rows = [{"headdim": 64, "subject": "varlen sm90", "ms": 0.5, "tflops": 612.345},
+            {"headdim": 64, "subject": "fixed", "ms": 0.25, "tflops": 700.0}]
+    varlen.write_csv(path, rows, pass_="fwd", causal=True, heads=(32, 8), lens=[1024, 1024, 512], timing_kind="standard")
+    got = list(csv.DictReader(open(path)))
+    assert [r["subject"] for r in got] == ["varlen sm90", "fixed"]
+    assert got[0] == {"pass": "fwd", "causal": "1", "nheads": "32", "nheads_k": "8", "sequences": "3", "tokens": "2560",
+                      "longest": "1024", "headdim": "64", "subject": "varlen sm90", "timing": "standard",
+                      "ms": "0.50000", "tflops": "612.35"}

@@ -11,7 +11,7 @@ same number of tokens, on the default path. ``--pass bwd`` times the backward in
 (``torch.autograd.grad`` of the output, the forward run once). Useful TFLOP/s counts only the real
 tokens, FlashAttention's way: 4 * H * D * L^2 (/ 2 causal) a sequence of length L, times 2.5 for
 the backward. The padded call computes the padding too (its rows are masked in nothing but cost
-the same), which is what packing saves. Timed by
+the same), which is what packing saves. Writes ``varlen-<date>.csv`` to ``--out-dir``. Timed by
 flashcute.bench's standard timing (:mod:`flashcute.bench.timing`: a warm-up, every timed call after
 an L2 flush, the two calls in order and then in reverse, the median of ``--iters``). torch only.
 """
@@ -19,6 +19,7 @@ an L2 flush, the two calls in order and then in reverse, the median of ``--iters
 from __future__ import annotations
 
 import argparse
+import datetime as _dt
 import itertools
 import math
 import os
@@ -26,6 +27,7 @@ import random
 import statistics
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 import flashcute
 
@@ -49,6 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--no-causal", dest="causal", action="store_false")
     p.add_argument("--pass", dest="pass_", choices=("fwd", "bwd"), default="fwd")
     p.add_argument("--paths", default="sm90,sm80", help="forward paths to time the varlen call on (default sm90,sm80)")
+    p.add_argument("--out-dir", type=Path, default=Path("bench-results"), help="where varlen-<date>.csv goes")
     a = p.parse_args(argv)
     paths = [x for x in a.paths.split(",") if x]
     if not paths or any(x not in ("sm90", "sm80") for x in paths):
@@ -90,6 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return f()
         return call
 
+    rows: list[dict] = []
     for d in (int(x) for x in a.headdims.split(",")):
         flops = sum(4 * h * d * n * n / (2 if a.causal else 1) for n in lens) * (2.5 if a.pass_ == "bwd" else 1)
         q = torch.randn(total, h, d, device="cuda", dtype=torch.bfloat16)
@@ -128,7 +132,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         cols += [f"{t['padded']:9.3f} {speed['padded']:8.1f}", f"{t['fixed']:9.3f} {speed['fixed']:8.1f}"]
         cols += [f"{t['padded'] / t[f'varlen {x}']:.2f}x {speed[f'varlen {x}'] / speed['fixed']:.2f}x" for x in paths]
         print(f"{d:7d} | " + " | ".join(cols), flush=True)
+        rows += [{"headdim": d, "subject": name, "ms": t[name], "tflops": speed[name]} for name in calls]
+    a.out_dir.mkdir(parents=True, exist_ok=True)
+    path = a.out_dir / f"varlen-{_dt.datetime.now(_dt.timezone.utc):%Y%m%dT%H%M%SZ}.csv"
+    write_csv(path, rows, pass_=a.pass_, causal=a.causal, heads=(h, hk), lens=lens, timing_kind=how.kind)
+    print(f"# {PROG}: wrote {path}")
     return 0
+
+
+def write_csv(path: Path, rows: Sequence[dict], *, pass_: str, causal: bool, heads: tuple[int, int],
+              lens: Sequence[int], timing_kind: str) -> None:
+    """One line per (head dim, subject): the run's shape, the median ms and the useful TFLOP/s."""
+    with open(path, "w") as f:
+        f.write("pass,causal,nheads,nheads_k,sequences,tokens,longest,headdim,subject,timing,ms,tflops\n")
+        for r in rows:
+            f.write(f"{pass_},{int(causal)},{heads[0]},{heads[1]},{len(lens)},{sum(lens)},{max(lens)},{r['headdim']},"
+                    f"{r['subject']},{timing_kind},{r['ms']:.5f},{r['tflops']:.2f}\n")
 
 
 def _backward(torch, forward, inputs):
