@@ -1048,11 +1048,23 @@ def test_varlen_mode_takes_out_dir_and_writes_a_csv(monkeypatch, capsys, tmp_pat
     assert cli.main(["varlen", "--out-dir", str(tmp_path)]) == 1
     assert "flashcute.bench varlen: needs torch with a CUDA device" in capsys.readouterr().err
     path = tmp_path / "v.csv"
-    rows = [{"headdim": 64, "subject": "varlen sm90", "ms": 0.5, "tflops": 612.345},
-            {"headdim": 64, "subject": "fixed", "ms": 0.25, "tflops": 700.0}]
+    rows = [{"mode": "graph", "headdim": 64, "subject": "varlen sm90", "ms": 0.5, "tflops": 612.345},
+            {"mode": "graph", "headdim": 64, "subject": "fixed", "ms": 0.25, "tflops": 700.0}]
     varlen.write_csv(path, rows, pass_="fwd", causal=True, heads=(32, 8), lens=[1024, 1024, 512], timing_kind="standard")
     got = list(csv.DictReader(open(path)))
     assert [r["subject"] for r in got] == ["varlen sm90", "fixed"]
-    assert got[0] == {"pass": "fwd", "causal": "1", "nheads": "32", "nheads_k": "8", "sequences": "3", "tokens": "2560",
+    assert got[0] == {"mode": "graph", "pass": "fwd", "causal": "1", "nheads": "32", "nheads_k": "8", "sequences": "3", "tokens": "2560",
                       "longest": "1024", "headdim": "64", "subject": "varlen sm90", "timing": "standard",
                       "ms": "0.50000", "tflops": "612.35"}
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--modes", "replay"], "--modes: expected eager and/or graph, comma-separated, got 'replay'"),
+    (["--modes", ","], "--modes: expected eager and/or graph"),
+    (["--modes", "eager,graph", "--pass", "bwd"], "--modes graph times the forward only"),
+])
+def test_varlen_modes_usage_errors(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["varlen", *argv])
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err

@@ -11,7 +11,9 @@ same number of tokens, on the default path. ``--pass bwd`` times the backward in
 (``torch.autograd.grad`` of the output, the forward run once). Useful TFLOP/s counts only the real
 tokens, FlashAttention's way: 4 * H * D * L^2 (/ 2 causal) a sequence of length L, times 2.5 for
 the backward. The padded call computes the padding too (its rows are masked in nothing but cost
-the same), which is what packing saves. Writes ``varlen-<date>.csv`` to ``--out-dir``. Timed by
+the same), which is what packing saves. ``--modes eager`` (the default) times plain calls, ``--modes
+graph`` CUDA-graph replays of each (the forward only), ``--modes eager,graph`` both, a row each.
+Writes ``varlen-<date>.csv`` to ``--out-dir``. Timed by
 flashcute.bench's standard timing (:mod:`flashcute.bench.timing`: a warm-up, every timed call after
 an L2 flush, the two calls in order and then in reverse, the median of ``--iters``). torch only.
 """
@@ -33,9 +35,11 @@ import flashcute
 
 from . import timing
 from .arrays import TorchLib
+from .decode import graph_replay
 from .timing import Subject, Timing, time_subjects
 
 PROG = "flashcute.bench varlen"
+MODES = ("eager", "graph")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -51,11 +55,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--no-causal", dest="causal", action="store_false")
     p.add_argument("--pass", dest="pass_", choices=("fwd", "bwd"), default="fwd")
     p.add_argument("--paths", default="sm90,sm80", help="forward paths to time the varlen call on (default sm90,sm80)")
+    p.add_argument("--modes", default="eager",
+                   help="eager and/or graph, comma-separated: plain calls, CUDA-graph replays (default eager)")
     p.add_argument("--out-dir", type=Path, default=Path("bench-results"), help="where varlen-<date>.csv goes")
     a = p.parse_args(argv)
     paths = [x for x in a.paths.split(",") if x]
     if not paths or any(x not in ("sm90", "sm80") for x in paths):
         p.error(f"--paths: expected sm90 and/or sm80, comma-separated, got {a.paths!r}")
+    modes = list(dict.fromkeys(x for x in a.modes.split(",") if x))
+    if not modes or any(x not in MODES for x in modes):
+        p.error(f"--modes: expected eager and/or graph, comma-separated, got {a.modes!r}")
+    if "graph" in modes and a.pass_ == "bwd":
+        p.error("--modes graph times the forward only (the backward's autograd call is not captured); "
+                "use --modes eager with --pass bwd")
     try:
         lib = TorchLib.load()
     except Exception as exc:
@@ -78,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     mean = round(total / len(lens))
     fixed_batch = max(1, round(total / mean))
     print(f"# {PROG}: {how.method(flush_nbytes)}; fixed: {fixed_batch} x {mean} tokens")
-    print("headdim | " + " | ".join(f"varlen {x} ms  TFLOP/s" for x in paths) +
+    print("mode  headdim | " + " | ".join(f"varlen {x} ms  TFLOP/s" for x in paths) +
           " | padded ms  TFLOP/s | fixed ms  TFLOP/s | " + " | ".join(f"{x}/padded {x}/fixed" for x in paths))
     cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32, device="cuda")
     default_path = os.environ.get("FLASHCUTE_FORWARD_PATH")
@@ -119,20 +131,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                            (qp, kp, vp))
         calls["fixed"] = (on_path(default_path, lambda: flashcute.flash_attn_func(qf, kf, vf, causal=a.causal)),
                           (qf, kf, vf))
-        subjects = []
-        for name, (f, inputs) in calls.items():
-            subjects.append(Subject(name, [_backward(torch, f, inputs) if a.pass_ == "bwd" else f]))
-        timed = time_subjects(lib, subjects, how, flush)
-        on_path(default_path, lambda: None)()
-        if timed.errors:
-            raise next(iter(timed.errors.values()))
-        t = {name: statistics.median(timed.times_ms[name]) for name in calls}
-        speed = {name: (fixed_flops if name == "fixed" else flops) / t[name] / 1e9 for name in calls}
-        cols = [f"{t[f'varlen {x}']:9.3f} {speed[f'varlen {x}']:8.1f}" for x in paths]
-        cols += [f"{t['padded']:9.3f} {speed['padded']:8.1f}", f"{t['fixed']:9.3f} {speed['fixed']:8.1f}"]
-        cols += [f"{t['padded'] / t[f'varlen {x}']:.2f}x {speed[f'varlen {x}'] / speed['fixed']:.2f}x" for x in paths]
-        print(f"{d:7d} | " + " | ".join(cols), flush=True)
-        rows += [{"headdim": d, "subject": name, "ms": t[name], "tflops": speed[name]} for name in calls]
+        for mode in modes:
+            subjects = []
+            for name, (f, inputs) in calls.items():
+                # A graph captures the path each call takes (FLASHCUTE_FORWARD_PATH is read when it is called).
+                call = _backward(torch, f, inputs) if a.pass_ == "bwd" else f
+                subjects.append(Subject(name, [graph_replay(torch, call) if mode == "graph" else call]))
+            timed = time_subjects(lib, subjects, how, flush)
+            on_path(default_path, lambda: None)()
+            if timed.errors:
+                raise next(iter(timed.errors.values()))
+            t = {name: statistics.median(timed.times_ms[name]) for name in calls}
+            speed = {name: (fixed_flops if name == "fixed" else flops) / t[name] / 1e9 for name in calls}
+            cols = [f"{t[f'varlen {x}']:9.3f} {speed[f'varlen {x}']:8.1f}" for x in paths]
+            cols += [f"{t['padded']:9.3f} {speed['padded']:8.1f}", f"{t['fixed']:9.3f} {speed['fixed']:8.1f}"]
+            cols += [f"{t['padded'] / t[f'varlen {x}']:.2f}x {speed[f'varlen {x}'] / speed['fixed']:.2f}x" for x in paths]
+            print(f"{mode:5s} {d:7d} | " + " | ".join(cols), flush=True)
+            rows += [{"mode": mode, "headdim": d, "subject": name, "ms": t[name], "tflops": speed[name]} for name in calls]
     a.out_dir.mkdir(parents=True, exist_ok=True)
     path = a.out_dir / f"varlen-{_dt.datetime.now(_dt.timezone.utc):%Y%m%dT%H%M%SZ}.csv"
     write_csv(path, rows, pass_=a.pass_, causal=a.causal, heads=(h, hk), lens=lens, timing_kind=how.kind)
@@ -144,10 +159,10 @@ def write_csv(path: Path, rows: Sequence[dict], *, pass_: str, causal: bool, hea
               lens: Sequence[int], timing_kind: str) -> None:
     """One line per (head dim, subject): the run's shape, the median ms and the useful TFLOP/s."""
     with open(path, "w") as f:
-        f.write("pass,causal,nheads,nheads_k,sequences,tokens,longest,headdim,subject,timing,ms,tflops\n")
+        f.write("mode,pass,causal,nheads,nheads_k,sequences,tokens,longest,headdim,subject,timing,ms,tflops\n")
         for r in rows:
-            f.write(f"{pass_},{int(causal)},{heads[0]},{heads[1]},{len(lens)},{sum(lens)},{max(lens)},{r['headdim']},"
-                    f"{r['subject']},{timing_kind},{r['ms']:.5f},{r['tflops']:.2f}\n")
+            f.write(f"{r['mode']},{pass_},{int(causal)},{heads[0]},{heads[1]},{len(lens)},{sum(lens)},{max(lens)},"
+                    f"{r['headdim']},{r['subject']},{timing_kind},{r['ms']:.5f},{r['tflops']:.2f}\n")
 
 
 def _backward(torch, forward, inputs):
