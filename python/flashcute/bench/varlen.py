@@ -35,7 +35,7 @@ import flashcute
 
 from . import timing
 from .arrays import TorchLib
-from .decode import graph_replay
+from .decode import _list, graph_replay
 from .timing import Subject, Timing, time_subjects
 
 PROG = "flashcute.bench varlen"
@@ -62,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     paths = [x for x in a.paths.split(",") if x]
     if not paths or any(x not in ("sm90", "sm80") for x in paths):
         p.error(f"--paths: expected sm90 and/or sm80, comma-separated, got {a.paths!r}")
-    modes = list(dict.fromkeys(x for x in a.modes.split(",") if x))
+    modes = _list(a.modes)
     if not modes or any(x not in MODES for x in modes):
         p.error(f"--modes: expected eager and/or graph, comma-separated, got {a.modes!r}")
     if "graph" in modes and a.pass_ == "bwd":
