@@ -78,11 +78,7 @@ int main(int argc, char** argv) {
   for (bool causal : {false, true}) {
     if (window && causal) continue;
     for (int s : seqlens) {
-#if TUNE_HDIM == 64
-      sweep<kDefault, BwdConfig{64, 64, 128}>(s, causal);
-#else
       sweep<kDefault>(s, causal);
-#endif
     }
   }
   return 0;

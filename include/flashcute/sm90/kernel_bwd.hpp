@@ -6,7 +6,7 @@
 //    its block's dQ add count).
 // 2. bwd_kernel: one CTA per (key block, KV head, batch), warp-specialised: warpgroup 0's first
 //    thread loads (BwdMainloop::load) and its second warp adds each step's dQ into the accumulator
-//    (write_dq), warpgroups 1-2 compute (BwdMainloop::mma) and store dK, dV. At d 192 and 256 the
+//    (write_dq), warpgroups 1-2 compute (BwdMainloop::mma_wg) and store dK, dV. At d 192 and 256 the
 //    MMA warpgroups (BwdMainloopSplitD::mma, two or three) add dQ themselves.
 // 3. bwd_postprocess_kernel: dQ = softmax_scale * accumulator, from the fragment order the main
 //    kernel adds it in, converted and stored through shared memory.
@@ -129,26 +129,34 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(__grid_consta
   }
   cutlass::arch::warpgroup_reg_alloc<Traits::kConfig.mma_regs>();
   const BwdTile tile = this_tile();
-  mainloop.mma(tile, tile.seq.mask(p), int(threadIdx.x) - 128);
+  if constexpr (Traits::kSplitD)
+    mainloop.mma(tile, tile.seq.mask(p), int(threadIdx.x) - 128);
+  else if (!Traits::kDqOneWg || cutlass::canonical_warp_group_idx() == 1)  // each warpgroup's role its own instance
+    mainloop.template mma_wg<0>(tile, tile.seq.mask(p), int(threadIdx.x) - 128);
+  else
+    mainloop.template mma_wg<1>(tile, tile.seq.mask(p), int(threadIdx.x) - 128);
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 }
 
 // Grid (padded rows / BLK_M, nheads, batch), one thread per MMA thread of the main kernel: thread
-// t reads the values MMA thread t added (coalesced, BwdTraits::kDqChunk order), scales and
-// converts them into a shared-memory tile where its fragment puts them, and the block stores the
-// tile in 16-byte pieces of rows.
+// t reads values that thread t % kDqThreads of TiledMmaDQ added (coalesced, BwdTraits::kDqChunk
+// order; where fewer threads computed dQ, every kParts-th pair), scales and converts them into a
+// shared-memory tile where its fragment puts them, and the block stores the tile in 16-byte pieces
+// of rows.
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kMmaThreads) bwd_postprocess_kernel(const BwdParams p, const float* dq_accum,
                                                                              int64_t padded_rows) {
   using namespace cute;
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM, kHeadDim = Traits::kHeadDim, kThreads = Traits::kMmaThreads;
+  constexpr int kDqThreads = Traits::kDqThreads, kParts = kThreads / kDqThreads;
+  static_assert(kThreads % kDqThreads == 0);
   constexpr int kPitch = kHeadDim + 8;  // a tile row in shared memory: 16 bytes of skew against bank conflicts
   __shared__ __align__(16) Element tile[kBlockM * kPitch];
   const int m0 = int(blockIdx.x) * kBlockM, head = int(blockIdx.y), batch = int(blockIdx.z);
   const BwdBatch seq(p, batch, padded_rows);
   if (m0 >= seq.seqlen_q) return;  // varlen: past this entry's queries
-  const int t = int(threadIdx.x);
+  const int t = int(threadIdx.x) % kDqThreads, part = int(threadIdx.x) / kDqThreads;
   typename Traits::TiledMmaDQ mma_dq;
   Tensor tQcQ = mma_dq.get_thread_slice(t).partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
   const float2* acc = reinterpret_cast<const float2*>(dq_accum + (seq.rows + int64_t(head) * padded_rows + m0) * kHeadDim +
@@ -156,6 +164,7 @@ __global__ void __launch_bounds__(Traits::kMmaThreads) bwd_postprocess_kernel(co
   const float s = p.softmax_scale;
   CUTE_UNROLL
   for (int i = 0; i < size(tQcQ); i += 2) {
+    if (kParts > 1 && i / 2 % kParts != part) continue;
     const float2 x = acc[i / 2 * 128];
     Element pair[2] = {Element(x.x * s), Element(x.y * s)};
     *reinterpret_cast<uint32_t*>(&tile[get<0>(tQcQ(i)) * kPitch + get<1>(tQcQ(i))]) =
@@ -166,7 +175,7 @@ __global__ void __launch_bounds__(Traits::kMmaThreads) bwd_postprocess_kernel(co
                 int64_t(seq.q_start) * p.dq_row_stride;
   constexpr int kVecs = kHeadDim / 8;  // 16-byte pieces a row
   CUTE_UNROLL
-  for (int v = t; v < kBlockM * kVecs; v += kThreads) {
+  for (int v = int(threadIdx.x); v < kBlockM * kVecs; v += kThreads) {
     const int r = v / kVecs, c = v % kVecs * 8;
     if (m0 + r < seq.seqlen_q && c < p.head_dim)
       *reinterpret_cast<uint4*>(dq + (m0 + r) * p.dq_row_stride + c) =

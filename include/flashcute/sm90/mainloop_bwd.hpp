@@ -3,10 +3,12 @@
 // - BwdMainloop::load (producer, one thread): the CTA's K and V once, then each step's Q and dO
 //   into a `stages`-deep ring (pipeline.hpp), for every query head of the group and every query
 //   block that sees the CTA's keys. TMA zero-fills rows and columns outside the arrays.
-// - BwdMainloop::mma (the two MMA warpgroups): per step, S^T and dP^T, P^T and dS^T in registers,
-//   dV += P^T dO from registers, dS into shared memory, dQ = dS K, dK += dS^T Q from registers,
-//   and dQ staged for the writer warp while dK runs, which adds it into the fp32 accumulator in
-//   global memory. dK and dV stay in registers until the end.
+// - BwdMainloop::mma_wg (each MMA warpgroup): per step, S^T and dP^T, P^T and dS^T in registers,
+//   dV += P^T dO from registers, dS into shared memory, dQ = dS K over both warpgroups' halves of
+//   dS, dK += dS^T Q from registers, and dQ staged for the writer warp while dK runs, which adds it
+//   into the fp32 accumulator in global memory. Each warpgroup computes half of dQ, or (dq_one_wg)
+//   warpgroup 1 all of it, while 0 hands its half of dS over and goes on. dK and dV stay in
+//   registers until the end.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -157,34 +159,35 @@ struct BwdMainloop {
     }
   }
 
-  // The dQ writer, one warp: each step's dQ, a chunk per MMA warpgroup, from shared memory into
-  // the global accumulator. Each chunk has its own full/empty barrier pair, so a warpgroup waits
-  // only for its own chunk's previous add to have been read.
+  // The dQ writer, one warp: each step's dQ, in two halves (traits_bwd.hpp) that MMA warpgroup h
+  // stages in shared memory (dq_one_wg: warpgroup 1 both), from there into the global accumulator
+  // by a bulk reduce each. Each half has its own full/empty barrier pair, so half 0 is added while
+  // half 1 is still computed or staged.
   CUTE_DEVICE void write_dq(const BwdTile& tile, const KeyMask& keys) const {
     using cutlass::arch::NamedBarrier;
     const BwdParams& p = kp.params;
     const int group = p.nheads / p.nheads_k;
     constexpr int kThreads = 128 + 32;
-    constexpr uint32_t kBytes = Traits::kDqChunk * sizeof(float);
-    static_assert(Traits::kMmaWarpgroups == 2, "two chunks: the waits below count them");
+    constexpr int kHalf = Traits::kDqChunk / 2;
+    constexpr uint32_t kBytes = kHalf * sizeof(float);
     static_assert(kBlockM % 64 == 0, "the workspace has one dQ add count per 64 rows (config.hpp)");
     const bool leader = cute::elect_one_sync();
-    for (int w = 0; w < 2; ++w) NamedBarrier::arrive(kThreads, NamedBarriers::kBwdDqEmpty + w);  // start empty
+    for (int h = 0; h < 2; ++h) NamedBarrier::arrive(kThreads, NamedBarriers::kBwdDqEmpty + h);  // start empty
     for (int g = 0; g < group; ++g) {
       const int64_t rows = head_rows(tile, tile.head_k * group + g);
       float* dq_accum = kp.dq_accum + rows * kHeadDim;
       for (int m = tile.m_first; m < tile.m_last; ++m) {
         int* sem = dq_count(rows, m);
-        for (int w = 0; w < 2; ++w) {
-          NamedBarrier::sync(kThreads, NamedBarriers::kBwdDqFull + w);
+        for (int h = 0; h < 2; ++h) {
+          NamedBarrier::sync(kThreads, NamedBarriers::kBwdDqFull + h);
           if (leader) {
-            if (sem && w == 0) wait_turn(sem, bwd_dq_turn<kBlockM, kBlockN>(keys, tile.seq.seqlen_q, tile.n_block, m));
-            bulk_reduce_add(dq_accum + int64_t(m) * kBlockM * kHeadDim + w * Traits::kDqChunk,
-                            storage.dq.data() + w * Traits::kDqChunk, kBytes);
+            if (sem && h == 0) wait_turn(sem, bwd_dq_turn<kBlockM, kBlockN>(keys, tile.seq.seqlen_q, tile.n_block, m));
+            bulk_reduce_add(dq_accum + int64_t(m) * kBlockM * kHeadDim + h * kHalf, storage.dq.data() + h * kHalf,
+                            kBytes);
             cute::tma_store_arrive();
           }
         }
-        // A chunk's buffer is free once its add has read it (deterministic: once it has landed).
+        // A half's buffer is free once its add has read it (deterministic: once it has landed).
         if (leader) {
           if (sem)
             pass_turn(sem);
@@ -201,13 +204,17 @@ struct BwdMainloop {
     if (leader) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
   }
 
-  // The MMA warpgroups (mma_tid in [0, 256)): the whole tile, then dK and dV stored.
-  CUTE_DEVICE void mma(const BwdTile& tile, const KeyMask& keys, int mma_tid) const {
+  // MMA warpgroup kWg (mma_tid in [128 kWg, 128 kWg + 128)): the whole tile, then dK and dV
+  // stored. Each computes half kWg of dQ, or with dq_one_wg warpgroup 1 both halves and 0 none.
+  template <int kWg>
+  CUTE_DEVICE void mma_wg(const BwdTile& tile, const KeyMask& keys, int mma_tid) const {
     using namespace cute;
     const BwdParams& p = kp.params;
     const int group = p.nheads / p.nheads_k;
     const int n0 = tile.n_block * kBlockN;
-    const int wg = mma_tid / 128;
+    // Without dq_one_wg both warpgroups run the instance kWg = 0, each with its own wg.
+    const int wg = Traits::kDqOneWg ? kWg : mma_tid / 128;
+    constexpr bool kOneWay = Traits::kDqOneWg;
     Tensor sK = smem(storage.k.data(), typename Traits::SmemLayoutK{});      // (BLK_N,D)
     Tensor sKt = smem(storage.k.data(), typename Traits::SmemLayoutKt{});    // (D,BLK_N)
     Tensor sV = smem(storage.v.data(), typename Traits::SmemLayoutK{});      // (BLK_N,D)
@@ -250,13 +257,31 @@ struct BwdMainloop {
     Tensor tdSrdS = ds_thr_copy.retile_S(rdS);      // (CPY,CPY_N,CPY_M)
     Tensor tdSsdS = ds_thr_copy.partition_D(sdSt);  // (CPY,CPY_N,CPY_M,2)
 
+    // dQ's half h (traits_bwd.hpp), issued from the dS buffer `buf`.
     typename Traits::TiledMmaDQ mma_dq;
-    auto thr_dq = mma_dq.get_thread_slice(mma_tid);
-    Tensor tQrdS = thr_dq.partition_fragment_A(sdS);  // (MMA,MMA_M,MMA_K,2)
-    Tensor tQrKt = thr_dq.partition_fragment_B(sKt);  // (MMA,MMA_D,MMA_K)
-    Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});  // ((2,2,kDqN/8),1,1)
+    auto thr_dq = mma_dq.get_thread_slice(mma_tid % 128);
+    using TileDq = Shape<_64, _64>;
+    Tensor acc_dq = partition_fragment_C(mma_dq, TileDq{});  // ((2,2,8),1,1) fp32
+    auto issue_dq = [&](int h, int buf) {
+      constexpr bool kByRows = Traits::kDqHalvesByRows;
+      Tensor sdS_h = local_tile(sdS(_, _, buf), Shape<_64, Int<kBlockN>>{}, make_coord(kByRows ? h : 0, 0));  // (64,BLK_N)
+      Tensor sKt_h = local_tile(sKt, Shape<_64, Int<kBlockN>>{}, make_coord(kByRows ? 0 : h, 0));            // (64,BLK_N)
+      wgmma_gemm<true, false>(mma_dq, thr_dq.partition_fragment_A(sdS_h), thr_dq.partition_fragment_B(sKt_h), acc_dq);
+    };
+    // Half h of dQ (unscaled) to shared memory, for the writer warp.
+    auto stage_dq = [&](int h) {
+      float2* dq_smem = reinterpret_cast<float2*>(storage.dq.data()) + (16 * h) * 128 + mma_tid % 128;
+      CUTE_UNROLL
+      for (int i = 0; i < size(acc_dq); i += 2) dq_smem[i / 2 * 128] = make_float2(acc_dq(i), acc_dq(i + 1));
+    };
+    static_assert(decltype(size(acc_dq))::value == 32, "a half is 16 value pairs a thread");
     using cutlass::arch::NamedBarrier;
     constexpr int kDqThreads = 128 + 32;  // a warpgroup and the writer warp
+    constexpr int kMma = Traits::kMmaThreads;
+    // dq_one_wg, dS buffer b: warpgroup 1 starts it free (0 waits for it before writing its half).
+    if constexpr (kOneWay && kWg == 1) {
+      for (int b = 0; b < 2; ++b) NamedBarrier::arrive(kMma, NamedBarriers::kBwdDsFree + b);
+    }
 
     clear(acc_dv);
     clear(acc_dk);
@@ -312,26 +337,52 @@ struct BwdMainloop {
         convert_fragment_into(acc_dp, rdS);
         wgmma_gemm<false, true>(mma_kv, tKVrP, tKVrdOt(_, _, _, st.index()), acc_dv);
         // dS into shared memory (queries contiguous), for dQ = dS K, which needs both warpgroups' keys.
+        if constexpr (kOneWay && kWg == 0) NamedBarrier::sync(kMma, NamedBarriers::kBwdDsFree + ds_buf);
         copy(ds_copy, tdSrdS, tdSsdS(_, _, _, ds_buf));
         cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by wgmma (async proxy)
-        NamedBarrier::sync(Traits::kMmaThreads, NamedBarriers::kBwdDsReady);
-        wgmma_gemm<true, false>(mma_dq, tQrdS(_, _, _, ds_buf), tQrKt, acc_dq);
-        wgmma_gemm<false, true>(mma_kv, tKVrdS, tKVrQt(_, _, _, st.index()), acc_dk);
-        warpgroup_wait<1>();  // dV and dQ are done (batches complete in order); dK runs on meanwhile
-        // dQ (unscaled) to this warpgroup's chunk of shared memory, for the writer warp.
-        NamedBarrier::sync(kDqThreads, NamedBarriers::kBwdDqEmpty + wg);
-        float2* dq_smem = reinterpret_cast<float2*>(storage.dq.data() + wg * Traits::kDqChunk) + mma_tid % 128;
-        CUTE_UNROLL
-        for (int i = 0; i < size(acc_dq); i += 2) dq_smem[i / 2 * 128] = make_float2(acc_dq(i), acc_dq(i + 1));
-        cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by the bulk reduce
-        NamedBarrier::arrive(kDqThreads, NamedBarriers::kBwdDqFull + wg);
-        warpgroup_wait<0>();  // dK is done: the step's Q and dO are free
+        // Half h of dQ to shared memory, for the writer warp (fenced: read by the bulk reduce).
+        auto hand_over_dq = [&](int h) {
+          NamedBarrier::sync(kDqThreads, NamedBarriers::kBwdDqEmpty + h);
+          stage_dq(h);
+          cutlass::arch::fence_view_async_shared();
+          NamedBarrier::arrive(kDqThreads, NamedBarriers::kBwdDqFull + h);
+        };
+        if constexpr (!kOneWay) {  // both warpgroups' halves of dS, then each its half of dQ
+          NamedBarrier::sync(kMma, NamedBarriers::kBwdDsReady + ds_buf);
+          issue_dq(wg, ds_buf);
+          wgmma_gemm<false, true>(mma_kv, tKVrdS, tKVrQt(_, _, _, st.index()), acc_dk);
+          warpgroup_wait<1>();  // dV and dQ are done (batches complete in order); dK runs on meanwhile
+          hand_over_dq(wg);
+          warpgroup_wait<0>();
+        } else if constexpr (kWg == 1) {  // both halves of dQ, one accumulator at a time
+          NamedBarrier::sync(kMma, NamedBarriers::kBwdDsReady + ds_buf);
+          issue_dq(0, ds_buf);
+          wgmma_gemm<false, true>(mma_kv, tKVrdS, tKVrQt(_, _, _, st.index()), acc_dk);
+          warpgroup_wait<1>();
+          hand_over_dq(0);
+          issue_dq(1, ds_buf);
+          warpgroup_wait<0>();
+          NamedBarrier::arrive(kMma, NamedBarriers::kBwdDsFree + ds_buf);  // dQ has read the dS buffer
+          hand_over_dq(1);
+        } else {  // hands its half of dS over and goes on
+          NamedBarrier::arrive(kMma, NamedBarriers::kBwdDsReady + ds_buf);
+          wgmma_gemm<false, true>(mma_kv, tKVrdS, tKVrQt(_, _, _, st.index()), acc_dk);
+          warpgroup_wait<0>();
+        }
+        // dK is done: the step's Q and dO are free.
         // The stage's lse and D were last read before the dS stores' proxy fence, which orders
         // those generic-proxy reads before the bulk copy that refills the stage after this release.
         qdo_pipe.consumer_release_thread(st);
       }
     }
-    NamedBarrier::sync(kDqThreads, NamedBarriers::kBwdDqEmpty + wg);  // the writer's last arrival
+    // The writer's last arrivals on the halves this warpgroup staged.
+    if constexpr (!kOneWay) {
+      NamedBarrier::sync(kDqThreads, NamedBarriers::kBwdDqEmpty + wg);
+    } else if constexpr (kWg == 1) {
+      for (int h = 0; h < 2; ++h) NamedBarrier::sync(kDqThreads, NamedBarriers::kBwdDqEmpty + h);
+    } else {  // warpgroup 1's last arrivals: its dQ has read all of K, which store_dkv overwrites
+      for (int b = 0; b < 2; ++b) NamedBarrier::sync(kMma, NamedBarriers::kBwdDsFree + b);
+    }
     store_dkv(tile, mma_kv, mma_tid, acc_dk, acc_dv);
   }
 
@@ -353,12 +404,12 @@ struct BwdMainloop {
     Tensor sV = smem(storage.v.data(), typename Traits::SmemLayoutK{});  // (BLK_N,D)
     auto smem_copy = make_tiled_copy_C(typename Traits::SmemCopyAtomKV{}, mma_kv);
     auto smem_thr_copy = smem_copy.get_thread_slice(mma_tid);
-    // Both warpgroups' last dQ = dS K has read all of K (V's rows are each warpgroup's own).
-    NamedBarrier::sync(Traits::kMmaThreads, NamedBarriers::kBwdDsReady);
+    // Every dQ = dS K has read all of K; V's rows are each warpgroup's own.
+    if constexpr (!Traits::kDqOneWg) NamedBarrier::sync(Traits::kMmaThreads, NamedBarriers::kBwdDsReady);
     copy(smem_copy, smem_thr_copy.retile_S(rdK), smem_thr_copy.partition_D(sK));
     copy(smem_copy, smem_thr_copy.retile_S(rdV), smem_thr_copy.partition_D(sV));
     // The rows are all written before threads read rows that other warps wrote.
-    NamedBarrier::sync(128, NamedBarriers::kBwdEpilogue + wg);
+    NamedBarrier::sync(128, NamedBarriers::kBwdEpilogue + wg);  // (kBwdDsReady's ids, free by now)
     using TileKV = Shape<_64, Int<kHeadDim>>;
     const int row0 = tile.n_block * kBlockN + 64 * wg;
     typename Traits::GmemTiledCopyKV gmem_copy;

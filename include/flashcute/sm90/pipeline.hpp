@@ -21,15 +21,20 @@ struct NamedBarriers {
   // Both consumer warpgroups (256 threads) have read the V buffer the o_via_v epilogue stages O in;
   // configs with o_via_v have two consumer warpgroups, so kWarpgroup + 3 is free.
   static constexpr uint32_t kVBufferFree = 5;
-  // The backward (its own kernel, so its ids may repeat the forward's): kBwdDsReady, both MMA
-  // warpgroups' halves of dS are in shared memory (256 threads); kBwdDqFull / kBwdDqEmpty + MMA
-  // warpgroup 0/1, the warpgroup has written its chunk of a step's dQ to shared memory / the
-  // writer warp has read it out (128 + 32 threads).
+  // The backward (its own kernel, so its ids may repeat the forward's). kBwdDsReady + dS buffer
+  // 0/1: the MMA warpgroups' halves of dS are in shared memory (all MMA threads; with dq_one_wg,
+  // warpgroup 0 arrives and 1 waits). kBwdDsFree + buffer (dq_one_wg): warpgroup 1's dQ has read
+  // the buffer, which warpgroup 0 may overwrite. kBwdDqFull / kBwdDqEmpty + half 0/1: a step's
+  // half of dQ is in shared memory / the writer warp has read it out (its warpgroup and the
+  // writer, 128 + 32 threads).
   static constexpr uint32_t kBwdDsReady = 0;
-  static constexpr uint32_t kBwdDqFull = 1;
-  static constexpr uint32_t kBwdDqEmpty = 3;
-  static constexpr uint32_t kBwdEpilogue = 5;  // + MMA warpgroup 0/1: its dK and dV staged (128 threads)
-  static constexpr uint32_t kBwdDqTurn = 7;    // split_d, deterministic: the MMA threads around a dQ add
+  static constexpr uint32_t kBwdDsFree = 2;
+  static constexpr uint32_t kBwdDqFull = 4;
+  static constexpr uint32_t kBwdDqEmpty = 6;
+  // + MMA warpgroup 0/1: its dK and dV staged (128 threads); kBwdDsReady's ids, which are free
+  // once both warpgroups have left the main loop.
+  static constexpr uint32_t kBwdEpilogue = 0;
+  static constexpr uint32_t kBwdDqTurn = 7;  // split_d, deterministic: the MMA threads around a dQ add
 };
 
 // A position in a ring of kStages buffers, counted in loads from zero: buffer count % kStages,

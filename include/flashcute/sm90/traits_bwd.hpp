@@ -6,7 +6,7 @@
 // Two MMA warpgroups own 64 keys each and compute the transposed tiles S^T = K Q^T and
 // dP^T = V dO^T (FlashAttention-3's SdP_swapAB): the accumulators already sit where the A operand
 // of dV += P^T dO and dK += dS^T Q wants them, so P never touches shared memory; dS goes there
-// once, for dQ = dS K, which the two warpgroups split by rows (128-row steps) or by columns.
+// once, for dQ = dS K, which the warpgroups split in halves or warpgroup 1 computes alone.
 #pragma once
 
 #include <type_traits>
@@ -39,10 +39,11 @@ struct BwdTraitsBase {
   static constexpr int kMmaWarpgroups = kCfg.mma_warpgroups();
   static constexpr int kNThreads = kCfg.num_threads();
   static constexpr int kMmaThreads = 128 * kMmaWarpgroups;
-  // A step's dQ, fp32, one contiguous chunk a warpgroup in its fragment order (value pair p of
-  // the warpgroup's thread t at 2 (p 128 + t)): added so into the global accumulator, read so by
-  // the postprocess.
+  // A step's dQ, fp32, one contiguous chunk a warpgroup of TiledMmaDQ in its fragment order
+  // (value pair p of the warpgroup's thread t at 2 (p 128 + t)): added so into the global
+  // accumulator, read so by the postprocess. (BwdTraits: one warpgroup computes dQ.)
   static constexpr int kDqChunk = kBlockM * kHeadDim / kMmaWarpgroups;
+  static constexpr int kDqThreads = kMmaThreads;  // the threads of TiledMmaDQ
 
   using BlkM = cute::Int<kBlockM>;
   using BlkN = cute::Int<kBlockN>;
@@ -114,16 +115,21 @@ struct BwdTraits : BwdTraitsBase<kDType, kCfg> {
       cute::GMMA::rs_op_selector<Element, Element, float, cute::Shape<cute::_64, HeadDim, BlkM>, Major::K, Major::MN>(),
       AtomLayoutKeys{}));
   // dQ = dS K: (BLK_M,D) over K = BLK_N; dS queries-contiguous and the (D,BLK_N) view of K both
-  // MN-major. Warpgroup w computes rows [64 w, 64 w + 64) where a step has 64 rows a warpgroup,
-  // else columns [w D/2, (w + 1) D/2).
-  static constexpr bool kDqSplitRows = kBlockM == 64 * kMmaWarpgroups;
-  static constexpr int kDqN = kDqSplitRows ? kHeadDim : kHeadDim / kMmaWarpgroups;
+  // MN-major; two 64 x 64 halves, rows [64 h, 64 h + 64) at 128-row steps, else columns
+  // [64 h, 64 h + 64). Warpgroup h computes half h, or with dq_one_wg warpgroup 1 both (one
+  // accumulator of 32 registers at a time): then dS goes one way only, and warpgroup 0 hands its
+  // half over and goes on instead of meeting warpgroup 1 every step.
+  static_assert(kBlockM * kHeadDim == 2 * 64 * 64, "dQ in two 64 x 64 halves");
+  static constexpr bool kDqOneWg = kCfg.dq_one_wg;
+  static constexpr bool kDqHalvesByRows = kBlockM == 128;
   using TiledMmaDQ = decltype(cute::make_tiled_mma(
-      cute::GMMA::ss_op_selector<Element, Element, float, cute::Shape<cute::_64, cute::Int<kDqN>, BlkN>, Major::MN,
-                                 Major::MN>(),
-      std::conditional_t<kDqSplitRows, AtomLayoutKeys,
-                         cute::Layout<cute::Shape<cute::_1, cute::Int<kMmaWarpgroups>, cute::_1>>>{}));
-  static_assert(gmma_n<TiledMmaSdP> == kBlockM && gmma_n<TiledMmaKV> == kHeadDim && gmma_n<TiledMmaDQ> == kDqN,
+      cute::GMMA::ss_op_selector<Element, Element, float, cute::Shape<cute::_64, cute::_64, BlkN>, Major::MN,
+                                 Major::MN>()));
+  static constexpr int kDqThreads = 128;
+  // A step's dQ in the fragment order of TiledMmaDQ over (BLK_M,D) (value pair p of thread t at
+  // 2 (p 128 + t)): half h is its pairs [16 h, 16 h + 16).
+  static constexpr int kDqChunk = kBlockM * kHeadDim;
+  static_assert(gmma_n<TiledMmaSdP> == kBlockM && gmma_n<TiledMmaKV> == kHeadDim && gmma_n<TiledMmaDQ> == 64,
                 "a wgmma shape the backward needs has no atom: add it to sm90/wgmma_atoms.hpp");
   // dS: (BLK_M,BLK_N,2), queries contiguous, two buffers (one step's dQ reads one while the next
   // step writes the other); written through its (BLK_N,BLK_M,2) view from the dS^T accumulators.
@@ -143,8 +149,7 @@ struct BwdTraits : BwdTraitsBase<kDType, kCfg> {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> q;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> dout;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutDS>, 1024> ds;
-    // A step's dQ, one kDqChunk a warpgroup, which the writer warp adds into the global
-    // accumulator as it lies.
+    // A step's dQ (kDqChunk), which the writer warp adds into the global accumulator as it lies.
     cute::array_aligned<float, kBlockM * kHeadDim, 128> dq;
     // Each Q/dO stage's rows' lse (log2 units) and D, loaded with them (bulk copies).
     cute::array_aligned<float, kStages * kBlockM, 128> lse2;
