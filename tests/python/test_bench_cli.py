@@ -1043,7 +1043,7 @@ def test_varlen_mode_takes_out_dir_and_writes_a_csv(monkeypatch, capsys, tmp_pat
     with pytest.raises(SystemExit) as exc:
         cli.main(["varlen", "--out-dir", str(tmp_path), "--paths", "sm70"])
     assert exc.value.code == 2
-    assert "--paths: expected sm90 and/or sm80" in capsys.readouterr().err
+    assert "--paths: expected sm90, sm80, comma-separated, got 'sm70'" in capsys.readouterr().err
     monkeypatch.setitem(sys.modules, "torch", None)
     assert cli.main(["varlen", "--out-dir", str(tmp_path)]) == 1
     assert "flashcute.bench varlen: needs torch with a CUDA device" in capsys.readouterr().err
@@ -1059,8 +1059,8 @@ def test_varlen_mode_takes_out_dir_and_writes_a_csv(monkeypatch, capsys, tmp_pat
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--modes", "replay"], "--modes: expected eager and/or graph, comma-separated, got 'replay'"),
-    (["--modes", ","], "--modes: expected eager and/or graph"),
+    (["--modes", "replay"], "--modes: expected eager, graph, comma-separated, got 'replay'"),
+    (["--modes", ","], "--modes: expected eager, graph, comma-separated, got ''"),
     (["--modes", "eager,graph", "--pass", "bwd"], "--modes graph times the forward only"),
 ])
 def test_varlen_modes_usage_errors(argv, message, capsys):

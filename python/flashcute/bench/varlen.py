@@ -35,7 +35,7 @@ import flashcute
 
 from . import timing
 from .arrays import TorchLib
-from .decode import _list, graph_replay
+from .decode import _list, check_choices, graph_replay
 from .timing import Subject, Timing, time_subjects
 
 PROG = "flashcute.bench varlen"
@@ -59,12 +59,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="eager and/or graph, comma-separated: plain calls, CUDA-graph replays (default eager)")
     p.add_argument("--out-dir", type=Path, default=Path("bench-results"), help="where varlen-<date>.csv goes")
     a = p.parse_args(argv)
-    paths = [x for x in a.paths.split(",") if x]
-    if not paths or any(x not in ("sm90", "sm80") for x in paths):
-        p.error(f"--paths: expected sm90 and/or sm80, comma-separated, got {a.paths!r}")
-    modes = _list(a.modes)
-    if not modes or any(x not in MODES for x in modes):
-        p.error(f"--modes: expected eager and/or graph, comma-separated, got {a.modes!r}")
+    paths, modes = _list(a.paths), _list(a.modes)
+    check_choices(p, "--paths", paths, ("sm90", "sm80"))
+    check_choices(p, "--modes", modes, MODES)
     if "graph" in modes and a.pass_ == "bwd":
         p.error("--modes graph times the forward only (the backward's autograd call is not captured); "
                 "use --modes eager with --pass bwd")
