@@ -131,7 +131,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(__grid_consta
   const BwdTile tile = this_tile();
   if constexpr (Traits::kSplitD)
     mainloop.mma(tile, tile.seq.mask(p), int(threadIdx.x) - 128);
-  else if (!Traits::kDqOneWg || cutlass::canonical_warp_group_idx() == 1)  // each warpgroup's role its own instance
+  else if (!Traits::kDqOneWg || cutlass::canonical_warp_group_idx() == 1)  // dq_one_wg: a role an instance
     mainloop.template mma_wg<0>(tile, tile.seq.mask(p), int(threadIdx.x) - 128);
   else
     mainloop.template mma_wg<1>(tile, tile.seq.mask(p), int(threadIdx.x) - 128);

@@ -204,15 +204,14 @@ struct BwdMainloop {
     if (leader) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
   }
 
-  // MMA warpgroup kWg (mma_tid in [128 kWg, 128 kWg + 128)): the whole tile, then dK and dV
-  // stored. Each computes half kWg of dQ, or with dq_one_wg warpgroup 1 both halves and 0 none.
+  // An MMA warpgroup (mma_tid in [0, 256)): the whole tile, then dK and dV stored. Each computes
+  // its half of dQ (both run kWg = 0), or with dq_one_wg warpgroup kWg = 1 both halves and 0 none.
   template <int kWg>
   CUTE_DEVICE void mma_wg(const BwdTile& tile, const KeyMask& keys, int mma_tid) const {
     using namespace cute;
     const BwdParams& p = kp.params;
     const int group = p.nheads / p.nheads_k;
     const int n0 = tile.n_block * kBlockN;
-    // Without dq_one_wg both warpgroups run the instance kWg = 0, each with its own wg.
     const int wg = Traits::kDqOneWg ? kWg : mma_tid / 128;
     constexpr bool kOneWay = Traits::kDqOneWg;
     Tensor sK = smem(storage.k.data(), typename Traits::SmemLayoutK{});      // (BLK_N,D)
