@@ -167,16 +167,18 @@ def test_kvcache_against_reference(torch, case, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("num_splits", [1, 0, 3, 128])
-def test_num_splits_agree(torch, num_splits):
-    """Every split count passes the rule; automatic splits a long single-sequence decode."""
-    _require_kvcache("bfloat16", 128)
-    c = Case(1, 1, 8, 2, 128, 8192, page=64, new=1, num_splits=num_splits)
+@pytest.mark.parametrize("d", [64, 128])
+def test_num_splits_agree(torch, num_splits, d):
+    """Every split count passes the rule; automatic splits a long single-sequence decode. At d 64
+    the combine's lanes 16-31 hold no columns but the lse of splits 16-31 (more than 16 splits)."""
+    _require_kvcache("bfloat16", d)
+    c = Case(1, 1, 8, 2, d, 8192, page=64, new=1, num_splits=num_splits)
     _run_case(torch, c, "bfloat16", seed=11)
     from flashcute._torch import _kvcache_launch
 
     g = torch.Generator(device="cuda").manual_seed(1)
-    q = torch.randn(1, 1, 8, 128, device="cuda", generator=g).bfloat16()
-    kc = torch.randn(1, 8192, 2, 128, device="cuda", generator=g).bfloat16()
+    q = torch.randn(1, 1, 8, d, device="cuda", generator=g).bfloat16()
+    kc = torch.randn(1, 8192, 2, d, device="cuda", generator=g).bfloat16()
     out = torch.empty_like(q)
     ran = _kvcache_launch(q, kc, kc, None, None, None, None, out, None, (0.1, False, -1, -1, 0.0), num_splits, 0,
                           torch.cuda.current_stream().cuda_stream, False)

@@ -120,17 +120,22 @@ __global__ void __launch_bounds__(32 * kWarpsPerCta) combine_kernel(__grid_const
   for (int j = 0; j < kSlots; ++j) lse_part[j] = lse == -INFINITY ? 0.f : expf(lse_part[j] - lse);
 
   T* out = static_cast<T*>(p.o) + b * p.o_batch_stride + s * p.o_row_stride + h * p.o_head_stride;
-  for (int c = lane * 4; c < p.head_dim; c += 128) {
+  // Every lane runs every pass, so that each shuffle has the whole warp; lanes past head_dim
+  // (lane 16 on at d 64) only serve the shuffles.
+  for (int c0 = 0; c0 < p.head_dim; c0 += 128) {
+    const int c = c0 + lane * 4;
+    const bool mine = c < p.head_dim;
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
     for (int j = 0; j < kSlots; ++j) {
       for (int l = 0; l < 32 && j * 32 + l < p.num_splits; ++l) {
-        const float w = __shfl_sync(0xffffffffu, lse_part[j], l);  // lanes past head_dim only serve shuffles
+        const float w = __shfl_sync(0xffffffffu, lse_part[j], l);
+        if (!mine) continue;
         const float4 x = *reinterpret_cast<const float4*>(p.o_accum + ((j * 32 + l) * split_stride + row) * p.head_dim + c);
         acc.x += w * x.x, acc.y += w * x.y, acc.z += w * x.z, acc.w += w * x.w;
       }
     }
-    store4(out + c, acc);
+    if (mine) store4(out + c, acc);
   }
   if (lane == 0 && p.lse != nullptr) p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + s] = lse;
 }
