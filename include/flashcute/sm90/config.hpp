@@ -21,7 +21,7 @@ namespace flashcute::sm90 {
 //   (TileScheduler::at_varlen; sequences of different lengths);
 // - kKvcache: a KV cache, contiguous or paged: each tile reads its entry's key count
 //   (cache_seqlens), and K and V come in boxes of kBoxRows keys, each from its page
-//   (FwdMainloop::load_cache_kv).
+//   (FwdMainloop::load_cache_block).
 enum class FwdMode : uint8_t { kFixed, kVarlen, kVarlenMixed, kKvcache };
 
 struct FwdConfig {

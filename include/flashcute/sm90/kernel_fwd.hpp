@@ -4,7 +4,7 @@
 // tiles the scheduler deals it (scheduler.hpp; launch_fwd.hpp chooses). The kernel only wires the
 // roles together:
 // - warpgroup 0, the producer, gives most of its registers away and one thread issues every TMA
-//   load (FwdMainloop::load, mainloop_fwd.hpp);
+//   load (FwdMainloop::load, mainloop_fwd.hpp), but a KV cache's V, which a second thread loads;
 // - the other warpgroups, the consumers, 64 query rows each, run the GEMMs and the softmax
 //   (FwdMma), masked by FwdMask (mask.hpp), then store O and the lse (FwdEpilogue,
 //   epilogue_fwd.hpp).
@@ -50,9 +50,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
   const int warp_group = cutlass::canonical_warp_group_idx();
 
   if (warp_group == 0) {
-    // Producer. Registers go to the consumers; one thread issues every load.
+    // Producer. Registers go to the consumers; one thread issues every load, but a KV cache's V
+    // (warp 1's thread: its paged blocks are many TMA boxes).
     cutlass::arch::warpgroup_reg_dealloc<Traits::kConfig.producer_regs>();
-    if (cutlass::canonical_warp_idx_sync() != 0 || !cute::elect_one_sync()) return;
+    const int warp = cutlass::canonical_warp_idx_sync();
+    if (warp > (Traits::kKvcache ? 1 : 0) || !cute::elect_one_sync()) return;
     typename Mainloop::QState q;
     typename Mainloop::KvState kv;
     uint32_t fix_phase = 0;
@@ -62,7 +64,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) fwd_kernel(__grid_consta
     } else {
       for (WorkTile pos = scheduler.start(); !scheduler.done(pos); scheduler.step(pos)) {
         const WorkTile tile = scheduler.at(pos.u, pos.j);
-        if (tile.valid && tile.has_keys()) mainloop.load(tile, tile.sequence(), q, kv, fix_phase);
+        if (!tile.valid || !tile.has_keys()) continue;
+        if constexpr (Traits::kKvcache) {
+          if (warp == 1) {
+            mainloop.load_cache_v(tile, tile.sequence(), kv, fix_phase);
+            continue;
+          }
+        }
+        mainloop.load(tile, tile.sequence(), q, kv, fix_phase);
       }
     }
     return;

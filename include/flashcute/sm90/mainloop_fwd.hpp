@@ -71,7 +71,10 @@ struct FwdMainloop {
     QPipeline::init(storage.q_bar, Traits::kConsumerWarpgroups * 4);
     KvPipeline::init(storage.k_bar, Traits::kConsumerWarpgroups * 4);
     KvPipeline::init(storage.v_bar, Traits::kConsumerWarpgroups * 4);
-    if constexpr (Traits::kKvcache) cutlass::arch::ClusterTransactionBarrier::init(&storage.fix_bar, 1);
+    if constexpr (Traits::kKvcache) {
+      cutlass::arch::ClusterTransactionBarrier::init(&storage.fix_bar.k, 1);
+      cutlass::arch::ClusterTransactionBarrier::init(&storage.fix_bar.v, 1);
+    }
   }
 
   CUTE_DEVICE auto smem_q() const {  // (BLK_M,D,QPIPE)
@@ -84,11 +87,12 @@ struct FwdMainloop {
     return cute::make_tensor(cute::make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutVt{});
   }
 
-  // Producer, one thread: a tile's Q (load q), then its K and V blocks from the top (load kv).
+  // Producer, one thread: a tile's Q (load q), then its K and V blocks from the top (load kv); a
+  // KV cache's V blocks come from a second thread (load_cache_v).
   // The Q buffer is free once every consumer warp has run its last Q K^T of the tile that used it
   // before; a K/V stage once every consumer warp has read its block kStages before.
   // seq: a varlen or KV-cache tile's lengths (TileScheduler::rows; unused otherwise). fix_phase:
-  // the phase of the KV cache's fix barrier (load_cache_kv).
+  // the phase of the thread's KV-cache fix barrier (load_cache_block).
   CUTE_DEVICE void load(const WorkTile& tile, const VarlenRows& seq, QState& q, KvState& kv, uint32_t& fix_phase) const {
     using namespace cute;
     const FwdParams& params = kp.params;
@@ -109,7 +113,7 @@ struct FwdMainloop {
     ++q;
     if constexpr (Traits::kKvcache) {
       for (int n_block = tile.n_block_max - 1; n_block >= tile.n_block_min; --n_block, ++kv)
-        load_cache_kv(tile.batch, head_k, seq.seqlen_k, n_block, kv, fix_phase);
+        load_cache_block<false>(tile.batch, head_k, seq.seqlen_k, n_block, kv, fix_phase);
     } else {
       Tensor mK = kp.tma_k.get_tma_tensor(make_shape(ext.rows_k, params.head_dim, params.nheads_k, ext.batches));  // (Sk,d,Hk,B)
       Tensor mVt = kp.tma_v.get_tma_tensor(make_shape(params.head_dim, ext.rows_k, params.nheads_k, ext.batches));  // (d,Sk,Hk,B)
@@ -128,8 +132,16 @@ struct FwdMainloop {
     }
   }
 
-  // A KV cache's key block n_block of entry `batch`, KV head head_k, into stage kv. A block that
-  // holds no cache row past the entry's keys is one TMA box each for K and V where it lies in one
+  // The second producer thread of a KV-cache kernel: the tile's V blocks, as load() walks its K
+  // blocks. K and V from two threads: a block of 16-key pages is 16 TMA instructions each.
+  CUTE_DEVICE void load_cache_v(const WorkTile& tile, const VarlenRows& seq, KvState& kv, uint32_t& fix_phase) const {
+    const int head_k = tile.head / (kp.params.nheads / kp.params.nheads_k);
+    for (int n_block = tile.n_block_max - 1; n_block >= tile.n_block_min; --n_block, ++kv)
+      load_cache_block<true>(tile.batch, head_k, seq.seqlen_k, n_block, kv, fix_phase);
+  }
+
+  // A KV cache's key block n_block of entry `batch`, KV head head_k, into stage kv: its V (kV) or
+  // its K. A block that holds no cache row past the entry's keys is one TMA box where it lies in one
   // page (a contiguous cache's entry is one page), as in the fixed-length kernel, else boxes of
   // kMidBoxRows keys (pages that large) or kBoxRows keys, each from its page (block_table). A block
   // with rows past the keys comes in kBoxRows boxes; those at or past the keys read past the page,
@@ -139,10 +151,12 @@ struct FwdMainloop {
   // P V), whose rows past the keys become zeros; and one whose page is outside [0, num_pages), read
   // as zeros by TMA, whose K rows become NaN: every query row that sees one of its keys gets a NaN
   // score, so NaN in O and the lse, and the rows the mask hides them from are untouched (V stays
-  // zero). Such a block's TMA loads signal the producer's own barrier; it mends the buffers, then
-  // releases them to the consumers.
+  // zero). Such a block's TMA loads signal the loading thread's own barrier; it mends the buffer,
+  // then releases it to the consumers.
   // (Defined in mainloop_kvcache.hpp.)
-  CUTE_DEVICE void load_cache_kv(int batch, int head_k, int seqlen_k, int n_block, KvState kv, uint32_t& fix_phase) const;
+  template <bool kV>
+  CUTE_DEVICE void load_cache_block(int batch, int head_k, int seqlen_k, int n_block, KvState kv,
+                                    uint32_t& fix_phase) const;
 };
 
 // The consumers' side of the main loop: one warpgroup's 64 query rows of every tile the CTA walks,
@@ -461,4 +475,4 @@ struct FwdMma {
 
 }  // namespace flashcute::sm90
 
-#include "flashcute/sm90/mainloop_kvcache.hpp"  // FwdMainloop::load_cache_kv
+#include "flashcute/sm90/mainloop_kvcache.hpp"  // FwdMainloop::load_cache_block

@@ -182,9 +182,12 @@ struct FwdTraits {
 
   struct NoOStorage {};
   struct NoFixStorage {};
-  // kKvcache: the producer's own barrier for a key block it mends before the consumers read it
-  // (FwdMainloop::load_cache_kv).
-  using FixStorage = std::conditional_t<kKvcache, uint64_t, NoFixStorage>;
+  // kKvcache: the producer threads' own barriers (K's, V's) for a key block they mend before the
+  // consumers read it (FwdMainloop::load_cache_block).
+  struct FixBarriers {
+    uint64_t k, v;
+  };
+  using FixStorage = std::conditional_t<kKvcache, FixBarriers, NoFixStorage>;
   using OStorage =
       std::conditional_t<kCfg.o_smem, cute::array_aligned<Element, cute::cosize_v<SmemLayoutO>, 1024>, NoOStorage>;
   struct SharedStorage {
