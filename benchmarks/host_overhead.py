@@ -5,7 +5,10 @@
 
 At a small shape (batch 1, seqlen 128, 8 heads, head dim 64, bf16) the GPU work is a few
 microseconds, so a loop of calls with one synchronisation at its end measures what a call costs
-the host: argument handling, allocation, validation, the launch. Each figure is the best of
+the host: argument handling, allocation, validation, the launch. The decode rows time one step of
+an eager generate loop the same way: one query token, 32 query heads on 8 KV heads, head dim 128,
+a cache of 256 keys (flash_attn_with_kvcache with cache_seqlens, which may split the keys: the
+workspace and the combine kernel are part of the step; SDPA with enable_gqa on the same keys). Each figure is the best of
 --repeats loops of --calls calls (after a warm-up), in microseconds per call; the loops of all rows
 of a framework run in rounds, one loop of each row per round, so that peers are measured alike. Rows whose library is
 missing are skipped. docs/benchmarks.md ("Host overhead") records a run.
@@ -71,6 +74,11 @@ def torch_rows() -> List[Tuple[str, Callable[[], Any], Callable[[Any], None]]]:
     out = torch.empty_like(q)
     descs = [_torch._desc(t) for t in (q, k, v, out)]
     stream = torch.cuda.current_stream().cuda_stream
+    # A decode step (the module docstring).
+    qd = torch.randn(1, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+    kc, vc = (torch.randn(1, 256, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    seqlens = torch.full((1,), 256, dtype=torch.int32, device="cuda")
+    qdt, kct, vct = (x.transpose(1, 2) for x in (qd, kc, vc))
     return [
         ("torch eager: SDPA", lambda: sdpa(qt, kt, vt), sync),
         ("torch eager: flashcute.flash_attn_func", lambda: fc(q, k, v), sync),
@@ -84,6 +92,10 @@ def torch_rows() -> List[Tuple[str, Callable[[], Any], Callable[[Any], None]]]:
         ("  part: 4 descriptors", lambda: [_torch._desc(t) for t in (q, k, v, out)], sync),
         ("  part: torch.cuda.current_stream().cuda_stream", lambda: torch.cuda.current_stream(0).cuda_stream, sync),
         ("  part: torch._C._cuda_getCurrentRawStream", lambda: torch._C._cuda_getCurrentRawStream(0), sync),
+        ("torch eager decode: SDPA (enable_gqa)", lambda: F.scaled_dot_product_attention(qdt, kct, vct, enable_gqa=True),
+         sync),
+        ("torch eager decode: flashcute.flash_attn_with_kvcache",
+         lambda: flashcute.flash_attn_with_kvcache(qd, kc, vc, cache_seqlens=seqlens), sync),
     ]
 
 
