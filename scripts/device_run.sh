@@ -29,10 +29,13 @@
 #   FC_SANITIZE_TOOLS  compute-sanitizer tools (default "memcheck racecheck synccheck initcheck")
 #   FC_SANITIZE_ARGS   sanitize.py's arguments (default "--backward --kvcache --varlen"; "" for the forward only)
 #   FC_SKIP_INSTALL=1  reuse what a previous call on this (still warm) machine installed
+#   FC_CTEST_JOBS      tests ctest runs at a time (default 8; the GPU tests are small)
 #
-# A device call may run 600 s, and the install (every kernel) takes 220-260 s, ctest 135-155 s,
-# pytest 90-125 s and pytest80 40-70 s: run `ctest` in one call, then `pytest pytest80` and then
-# `sanitize bench` with FC_SKIP_INSTALL=1 on the same warm machine.
+# A device call may run 600 s, and the install (every kernel) takes 220-265 s, pytest 90-245 s
+# and pytest80 35-70 s. ctest one test at a time took 353 s on an H200 (2026-11-28): 138 s the two
+# example builds, most of the rest the backward cases' CPU references (12-18 s each at d 128), so
+# it runs FC_CTEST_JOBS (default 8) tests at a time. Run `pytest pytest80` in the call that
+# installs, then `ctest sanitize` and `bench` with FC_SKIP_INSTALL=1 on the same warm machine.
 #
 # The machine has no network: carry third_party/cutlass with the checkout (it is git-ignored), and
 # GoogleTest for the C++ tests, unpacked from Debian's libgtest-dev into .deps/gtest (git-ignored):
@@ -101,7 +104,8 @@ install_flashcute() {
 
 stage_ctest() {
   banner "ctest"
-  ctest --test-dir build/dev --output-on-failure --output-junit "$OUT/ctest.xml" 2>&1 | tee "$OUT/ctest.log"
+  ctest --test-dir build/dev -j "${FC_CTEST_JOBS:-8}" --output-on-failure --output-junit "$OUT/ctest.xml" 2>&1 |
+    tee "$OUT/ctest.log"
   record ctest "${PIPESTATUS[0]}"
 }
 
