@@ -36,8 +36,8 @@ void run_one(const BwdProblem& b) {
   const int64_t rows = int64_t(p.batch) * p.nheads * padded;
   float* dq_accum = p.dsum + 2 * rows;
   const float pre = median_ms([&] {
-    flashcute::sm90::bwd_preprocess_kernel<Element, Traits::kHeadDim>
-        <<<dim3(padded / 64, p.nheads, p.batch), 256>>>(p, p.dsum, p.dsum + rows, dq_accum, nullptr, padded);
+    (void)flashcute::sm90::launch_bwd_preprocess<Element, Traits::kHeadDim>(p, p.dsum, p.dsum + rows, dq_accum,
+                                                                            nullptr, padded, nullptr);
   });
   const float post = median_ms([&] {
     flashcute::sm90::bwd_postprocess_kernel<Traits>

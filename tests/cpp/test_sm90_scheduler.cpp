@@ -319,3 +319,39 @@ TEST(Sm90Scheduler, BackwardVarlenRowsAreDisjointAndInside) {
     }
   }
 }
+
+// The preprocess runs the blocks bwd_exact_blocks leaves out on a kernel without the exact-D pass:
+// none of them may hold a row that sees at most 64 keys (the kernel's test, row by row), and the
+// real blocks it keeps must all hold one. Causal, windows, seqlen_q above and below seqlen_k.
+TEST(Sm90Scheduler, BackwardExactBlocksHoldEveryExactRow) {
+  constexpr int kExactKeys = 64;
+  int checked = 0;
+  for (int sq : {1, 17, 64, 65, 113, 128, 300, 1000, 1024})
+    for (int sk : {1, 2, 63, 64, 65, 200, 1000, 1024})
+      for (auto [wl, wr] : {std::pair{-1, -1}, {-1, 0}, {16, 100}, {31, 31}, {32, 32}, {0, 0}, {100, -1}, {-1, 70},
+                            {500, 0}})
+        for (bool partial : {false, true}) {
+          flashcute::BwdParams p;
+          p.seqlen_q = sq, p.seqlen_k = sk, p.window_left = wl, p.window_right = wr, p.partial_keys = partial;
+          const int blocks = int(flashcute::sm90::bwd_padded_rows(sq) / 64);
+          const auto [pre, post] = flashcute::sm90::bwd_exact_blocks(p, blocks, kExactKeys);
+          ASSERT_LE(0, pre);
+          ASSERT_LE(pre, post);
+          ASSERT_LE(post, blocks);
+          const flashcute::KeyMask mask{sk, sk - sq, wl, wr};
+          for (int b = 0; b < blocks; ++b) {
+            bool has_exact = false;
+            for (int r = b * 64; r < std::min(sq, b * 64 + 64); ++r) {
+              const int begin = std::max(0, mask.key_begin(r)), end = std::max(begin, mask.key_end(r));
+              has_exact |= !partial && end - begin <= kExactKeys;
+            }
+            const bool on_exact = b < pre || b >= post;
+            const bool real = b * 64 < sq;
+            ASSERT_EQ(has_exact, on_exact && real)
+                << "sq " << sq << " sk " << sk << " window (" << wl << ", " << wr << ") partial " << partial
+                << " block " << b << " of " << blocks << ": pre " << pre << " post " << post;
+            ++checked;
+          }
+        }
+  EXPECT_GT(checked, 1000);
+}

@@ -26,11 +26,12 @@
 namespace flashcute::sm90 {
 
 // One block of 64 query rows of the preprocess (bwd_preprocess_kernel), of batch entry `seq`.
-template <class Element, int kHeadDim>
-CUTE_DEVICE void bwd_preprocess_block(const BwdParams& p, const BwdBatch& seq, float* dpsum, float* lse2,
+// kExact: the block may hold rows that take the exact D; without it, every row takes dO . O.
+template <class Element, int kHeadDim, bool kExact>
+CUTE_DEVICE void bwd_preprocess_block(const BwdParams& p, const BwdBatch& seq, int m_block, float* dpsum, float* lse2,
                                       float* dq_accum, int* dq_semaphore, int64_t padded_rows) {
   constexpr int kGroup = 4;
-  const int m0 = int(blockIdx.x) * 64, head = int(blockIdx.y), batch = int(blockIdx.z);
+  const int m0 = m_block * 64, head = int(blockIdx.y), batch = int(blockIdx.z);
   if (m0 >= bwd_padded_rows(seq.seqlen_q)) return;  // varlen: past this entry's query blocks
   const int i = int(threadIdx.x) / kGroup, part = int(threadIdx.x) % kGroup;
   const int row = m0 + i;
@@ -40,7 +41,7 @@ CUTE_DEVICE void bwd_preprocess_block(const BwdParams& p, const BwdBatch& seq, f
       valid ? p.lse[batch * p.lse_batch_stride + head * p.lse_head_stride + seq.q_start + row] : -INFINITY;
   const KeyMask mask = seq.mask(p);
   const int key_begin = cute::max(0, mask.key_begin(r)), key_end = cute::max(key_begin, mask.key_end(r));
-  const bool exact = valid && !p.partial_keys && key_end - key_begin <= kExactDsumKeys;
+  const bool exact = kExact && valid && !p.partial_keys && key_end - key_begin <= kExactDsumKeys;
   const int head_k = head / (p.nheads / p.nheads_k);
   // Row i of this batch entry (varlen: its batch strides are 0 and its rows start at q/k_start).
   auto at = [&](const void* base, int64_t batch_stride, int64_t row_stride, int64_t head_stride, int h, int at_row) {
@@ -50,20 +51,23 @@ CUTE_DEVICE void bwd_preprocess_block(const BwdParams& p, const BwdBatch& seq, f
   const float d_o = row_dot<kGroup, kHeadDim>(at(p.o, p.o_batch_stride, p.o_row_stride, p.o_head_stride, head, qi),
                                               at(p.dout, p.do_batch_stride, p.do_row_stride, p.do_head_stride, head, qi),
                                               valid && !exact ? p.head_dim : 0, part);
-  using Exact = ExactDsum<Element>;
-  __shared__ typename Exact::Storage exact_smem;
-  const int q0 = seq.q_start + m0;
-  const typename Exact::Args args{at(p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride, head, q0),
-                                  at(p.dout, p.do_batch_stride, p.do_row_stride, p.do_head_stride, head, q0),
-                                  at(p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, head_k, seq.k_start),
-                                  at(p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride, head_k, seq.k_start),
-                                  p.q_row_stride,
-                                  p.do_row_stride,
-                                  p.k_row_stride,
-                                  p.v_row_stride,
-                                  seq.seqlen_q - m0,
-                                  p.head_dim};
-  const float d = Exact::dsum(d_o, exact, i, part, key_begin, key_end, lse, args, p, exact_smem);
+  float d = d_o;
+  if constexpr (kExact) {
+    using Exact = ExactDsum<Element>;
+    __shared__ typename Exact::Storage exact_smem;
+    const int q0 = seq.q_start + m0;
+    const typename Exact::Args args{at(p.q, p.q_batch_stride, p.q_row_stride, p.q_head_stride, head, q0),
+                                    at(p.dout, p.do_batch_stride, p.do_row_stride, p.do_head_stride, head, q0),
+                                    at(p.k, p.k_batch_stride, p.k_row_stride, p.k_head_stride, head_k, seq.k_start),
+                                    at(p.v, p.v_batch_stride, p.v_row_stride, p.v_head_stride, head_k, seq.k_start),
+                                    p.q_row_stride,
+                                    p.do_row_stride,
+                                    p.k_row_stride,
+                                    p.v_row_stride,
+                                    seq.seqlen_q - m0,
+                                    p.head_dim};
+    d = Exact::dsum(d_o, exact, i, part, key_begin, key_end, lse, args, p, exact_smem);
+  }
   const int64_t rows = seq.rows + int64_t(head) * padded_rows;  // workspace row of this head's row 0
   if (part == 0) {
     constexpr float kLog2e = 1.4426950408889634f;
@@ -75,19 +79,22 @@ CUTE_DEVICE void bwd_preprocess_block(const BwdParams& p, const BwdBatch& seq, f
   for (int j = int(threadIdx.x); j < 64 * kHeadDim / 4; j += 256) acc[j] = make_float4(0.f, 0.f, 0.f, 0.f);
 }
 
-// Grid (padded rows / 64, nheads, batch), 256 threads: four threads a row.
-template <class Element, int kHeadDim>
-__global__ void __launch_bounds__(256) bwd_preprocess_kernel(const BwdParams p, float* dpsum, float* lse2,
-                                                             float* dq_accum, int* dq_semaphore, int64_t padded_rows) {
+// Grid (the blocks of `blocks`, nheads, batch), 256 threads: four threads a row; two CTAs an SM
+// at least (the exact pass would take 158 registers at d 128 otherwise). Without kExact (no row of
+// its blocks takes the exact D) it needs 34 registers, and eight CTAs fit an SM.
+template <class Element, int kHeadDim, bool kExact>
+__global__ void __launch_bounds__(256, 2) bwd_preprocess_kernel(const BwdParams p, BwdPreBlocks blocks, float* dpsum,
+                                                             float* lse2, float* dq_accum, int* dq_semaphore,
+                                                             int64_t padded_rows) {
   // Two copies of the block: in the fixed-length one the entry's lengths and offsets fold to the
   // params (one copy for both took d 64's causal preprocess from 0.17 to 0.27 ms).
-  const int batch = int(blockIdx.z);
+  const int batch = int(blockIdx.z), m_block = blocks.block(int(blockIdx.x));
   if (p.cu_seqlens_q == nullptr)
-    bwd_preprocess_block<Element, kHeadDim>(p, BwdBatch(p, batch, padded_rows), dpsum, lse2, dq_accum, dq_semaphore,
-                                            padded_rows);
+    bwd_preprocess_block<Element, kHeadDim, kExact>(p, BwdBatch(p, batch, padded_rows), m_block, dpsum, lse2,
+                                                    dq_accum, dq_semaphore, padded_rows);
   else
-    bwd_preprocess_block<Element, kHeadDim>(p, BwdBatch(p, batch, padded_rows), dpsum, lse2, dq_accum, dq_semaphore,
-                                            padded_rows);
+    bwd_preprocess_block<Element, kHeadDim, kExact>(p, BwdBatch(p, batch, padded_rows), m_block, dpsum, lse2,
+                                                    dq_accum, dq_semaphore, padded_rows);
 }
 
 template <class Traits>

@@ -12,6 +12,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "flashcute/common/launch.hpp"
 #include "flashcute/common/params.hpp"
@@ -21,6 +22,34 @@
 #include "flashcute/sm90/traits_bwd.hpp"
 
 namespace flashcute::sm90 {
+
+// The preprocess (kernel_bwd.hpp) over a call's padded rows. At d <= 64 a fixed-length call runs
+// the blocks with no exact-D row on the lean kernel, the others (a causal call's first, a narrow
+// window's all) on the one with the exact pass; a varlen batch, or a larger head dim, runs all on
+// the latter (the lean kernel measured no faster at d 128: perf-notes, b26).
+template <class Element, int kHeadDim>
+Status launch_bwd_preprocess(const BwdParams& p, float* dpsum, float* lse2, float* dq_accum, int* dq_semaphore,
+                             int64_t padded, cudaStream_t stream) {
+  const int blocks = int(bwd_padded_rows(p.seqlen_q) / 64);
+  auto launch = [&](auto exact, int count, BwdPreBlocks which) {
+    const dim3 grid(unsigned(count), unsigned(p.nheads), unsigned(p.batch));
+    bwd_preprocess_kernel<Element, kHeadDim, decltype(exact)::value>
+        <<<grid, 256, 0, stream>>>(p, which, dpsum, lse2, dq_accum, dq_semaphore, padded);
+  };
+  if constexpr (kHeadDim <= 64) {
+    if (p.cu_seqlens_q == nullptr) {
+      const BwdExactBlocks exact = bwd_exact_blocks(p, blocks, kExactDsumKeys);
+      if (exact.post > exact.pre) launch(std::false_type{}, exact.post - exact.pre, BwdPreBlocks{0, exact.pre});
+      if (exact.pre > 0 || exact.post < blocks)
+        launch(std::true_type{}, exact.pre + blocks - exact.post, BwdPreBlocks{exact.pre, exact.post});
+      FLASHCUTE_CUDA_CHECK(cudaGetLastError());
+      return Status::success();
+    }
+  }
+  launch(std::true_type{}, blocks, BwdPreBlocks::all());
+  FLASHCUTE_CUDA_CHECK(cudaGetLastError());
+  return Status::success();
+}
 
 // The three kernels of one config (BwdTraits); launch_bwd picks the tile table's.
 template <class Traits>
@@ -34,15 +63,13 @@ Status launch_bwd_with(const BwdParams& params, cudaStream_t stream) {
   // The workspace's rows a head (BwdKernelParams); the grids cover the longest entry.
   const int64_t padded = varlen ? bwd_varlen_padded_rows(p.total_q, p.batch) : bwd_padded_rows(p.seqlen_q);
   const int64_t rows = (varlen ? 1 : p.batch) * p.nheads * padded;
-  const unsigned row_blocks = unsigned(bwd_padded_rows(p.seqlen_q) / 64);
   float* dpsum = p.dsum;
   float* lse2 = p.dsum + rows;
   float* dq_accum = p.dsum + 2 * rows;
   int* dq_semaphore = p.deterministic ? reinterpret_cast<int*>(dq_accum + rows * kHeadDim) : nullptr;
-  const dim3 grid_rows(row_blocks, unsigned(p.nheads), unsigned(p.batch));
-  bwd_preprocess_kernel<Element, kHeadDim><<<grid_rows, 256, 0, stream>>>(p, dpsum, lse2, dq_accum, dq_semaphore,
-                                                                         padded);
-  FLASHCUTE_CUDA_CHECK(cudaGetLastError());
+  if (Status st = launch_bwd_preprocess<Element, kHeadDim>(p, dpsum, lse2, dq_accum, dq_semaphore, padded, stream);
+      !st.ok())
+    return st;
 
   // (rows, d, heads, batch) as bwd_tma_shape has them: varlen (total, d, heads, 1).
   auto gmem = [&](const void* ptr, bool keys, int64_t row_stride, int64_t head_stride, int64_t batch_stride) {
