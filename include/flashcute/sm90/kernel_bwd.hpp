@@ -81,7 +81,7 @@ CUTE_DEVICE void bwd_preprocess_block(const BwdParams& p, const BwdBatch& seq, i
 
 // Grid (the blocks of `blocks`, nheads, batch), 256 threads: four threads a row; two CTAs an SM
 // at least (the exact pass would take 158 registers at d 128 otherwise). Without kExact (no row of
-// its blocks takes the exact D) it needs 34 registers, and eight CTAs fit an SM.
+// its blocks takes the exact D) it needs 40 registers at d 64, and six CTAs fit an SM.
 template <class Element, int kHeadDim, bool kExact>
 __global__ void __launch_bounds__(256, 2) bwd_preprocess_kernel(const BwdParams p, BwdPreBlocks blocks, float* dpsum,
                                                              float* lse2, float* dq_accum, int* dq_semaphore,
