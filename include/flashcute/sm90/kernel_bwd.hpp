@@ -28,10 +28,11 @@ namespace flashcute::sm90 {
 // One block of 64 query rows of the preprocess (bwd_preprocess_kernel), of batch entry `seq`.
 // kExact: the block may hold rows that take the exact D; without it, every row takes dO . O.
 template <class Element, int kHeadDim, bool kExact>
-CUTE_DEVICE void bwd_preprocess_block(const BwdParams& p, const BwdBatch& seq, int m_block, float* dpsum, float* lse2,
-                                      float* dq_accum, int* dq_semaphore, int64_t padded_rows) {
+CUTE_DEVICE void bwd_preprocess_block(const BwdParams& p, const BwdBatch& seq, int m_block, int head, int batch,
+                                      float* dpsum, float* lse2, float* dq_accum, int* dq_semaphore,
+                                      int64_t padded_rows) {
   constexpr int kGroup = 4;
-  const int m0 = m_block * 64, head = int(blockIdx.y), batch = int(blockIdx.z);
+  const int m0 = m_block * 64;
   if (m0 >= bwd_padded_rows(seq.seqlen_q)) return;  // varlen: past this entry's query blocks
   const int i = int(threadIdx.x) / kGroup, part = int(threadIdx.x) % kGroup;
   const int row = m0 + i;
@@ -81,20 +82,49 @@ CUTE_DEVICE void bwd_preprocess_block(const BwdParams& p, const BwdBatch& seq, i
 
 // Grid (the blocks of `blocks`, nheads, batch), 256 threads: four threads a row; two CTAs an SM
 // at least (the exact pass would take 158 registers at d 128 otherwise). Without kExact (no row of
-// its blocks takes the exact D) it needs 40 registers at d 64, and six CTAs fit an SM.
+// its blocks takes the exact D) it needs 40 registers at d 64, and six CTAs fit an SM; on a varlen
+// batch it then leaves each entry's exact-D blocks to bwd_preprocess_exact_kernel.
 template <class Element, int kHeadDim, bool kExact>
 __global__ void __launch_bounds__(256, 2) bwd_preprocess_kernel(const BwdParams p, BwdPreBlocks blocks, float* dpsum,
                                                              float* lse2, float* dq_accum, int* dq_semaphore,
                                                              int64_t padded_rows) {
   // Two copies of the block: in the fixed-length one the entry's lengths and offsets fold to the
   // params (one copy for both took d 64's causal preprocess from 0.17 to 0.27 ms).
-  const int batch = int(blockIdx.z), m_block = blocks.block(int(blockIdx.x));
-  if (p.cu_seqlens_q == nullptr)
-    bwd_preprocess_block<Element, kHeadDim, kExact>(p, BwdBatch(p, batch, padded_rows), m_block, dpsum, lse2,
-                                                    dq_accum, dq_semaphore, padded_rows);
-  else
-    bwd_preprocess_block<Element, kHeadDim, kExact>(p, BwdBatch(p, batch, padded_rows), m_block, dpsum, lse2,
-                                                    dq_accum, dq_semaphore, padded_rows);
+  const int head = int(blockIdx.y), batch = int(blockIdx.z), m_block = blocks.block(int(blockIdx.x));
+  if (p.cu_seqlens_q == nullptr) {
+    bwd_preprocess_block<Element, kHeadDim, kExact>(p, BwdBatch(p, batch, padded_rows), m_block, head, batch, dpsum,
+                                                    lse2, dq_accum, dq_semaphore, padded_rows);
+  } else {
+    const BwdBatch seq(p, batch, padded_rows);
+    if constexpr (!kExact) {
+      const BwdExactBlocks exact = bwd_exact_blocks(seq.seqlen_q, seq.mask(p), p.partial_keys,
+                                                    int(bwd_padded_rows(seq.seqlen_q) / 64), kExactDsumKeys);
+      if (m_block < exact.pre || m_block >= exact.post) return;
+    }
+    bwd_preprocess_block<Element, kHeadDim, kExact>(p, seq, m_block, head, batch, dpsum, lse2, dq_accum,
+                                                    dq_semaphore, padded_rows);
+  }
+}
+
+// A varlen batch's exact-D blocks, beside bwd_preprocess_kernel<false> (which skips them): each of
+// a few CTAs an SM takes (batch entry, head) pairs in turn and runs that entry's blocks that
+// bwd_exact_blocks names, so a batch with few such blocks costs few CTAs.
+template <class Element, int kHeadDim>
+__global__ void __launch_bounds__(256, 2) bwd_preprocess_exact_kernel(const BwdParams p, float* dpsum, float* lse2,
+                                                                      float* dq_accum, int* dq_semaphore,
+                                                                      int64_t padded_rows) {
+  for (int w = int(blockIdx.x); w < p.batch * p.nheads; w += int(gridDim.x)) {
+    const int batch = w / p.nheads, head = w % p.nheads;
+    const BwdBatch seq(p, batch, padded_rows);
+    const int blocks = int(bwd_padded_rows(seq.seqlen_q) / 64);
+    const BwdExactBlocks exact = bwd_exact_blocks(seq.seqlen_q, seq.mask(p), p.partial_keys, blocks, kExactDsumKeys);
+    const BwdPreBlocks runs{exact.pre, exact.post};  // [0, pre), then [post, blocks)
+    for (int j = 0; j < exact.pre + blocks - exact.post; ++j) {
+      bwd_preprocess_block<Element, kHeadDim, true>(p, seq, runs.block(j), head, batch, dpsum, lse2, dq_accum,
+                                                    dq_semaphore, padded_rows);
+      __syncthreads();  // the next block's exact pass reuses the shared memory
+    }
+  }
 }
 
 template <class Traits>

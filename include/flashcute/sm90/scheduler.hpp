@@ -407,27 +407,33 @@ struct BwdPreBlocks {
   CUTE_HOST_DEVICE int block(int x) const { return x < pre ? x : next + (x - pre); }
 };
 
-// The preprocess's 64-row blocks (`blocks` of them, the padded rows) that a fixed-length call must
-// run on its kernel with the exact D (common/dsum.hpp), those with a row that sees at most
-// exact_keys keys: [0, pre) and [post, blocks). A row's visible key count rises, stays, then falls
-// along the rows, so such blocks are a leading and a trailing run of the real ones, and a block's
-// fewest keys are at its first or last row. Padding blocks join the trailing run, if any.
+// The preprocess's 64-row blocks (`blocks` of them, the padded rows) of a batch entry of seqlen_q
+// query rows under `mask` that must run the exact D (common/dsum.hpp), those with a row that sees
+// at most exact_keys keys: [0, pre) and [post, blocks). A row's visible key count rises, stays,
+// then falls along the rows, so such blocks are a leading and a trailing run of the real ones, and
+// a block's fewest keys are at its first or last row. Padding blocks join the trailing run, if
+// any. partial_keys: no row takes the exact D. The host splits a fixed-length call's launches by
+// it; a varlen batch's kernels compute it per entry.
 struct BwdExactBlocks {
   int pre, post;
 };
-inline BwdExactBlocks bwd_exact_blocks(const BwdParams& p, int blocks, int exact_keys) {
-  if (p.partial_keys) return {0, blocks};  // no row takes the exact D
-  const KeyMask mask{p.seqlen_k, p.seqlen_k - p.seqlen_q, p.window_left, p.window_right};
-  auto keys = [&](int r) { return std::max(0, mask.key_end(r) - std::max(0, mask.key_begin(r))); };
+CUTE_HOST_DEVICE BwdExactBlocks bwd_exact_blocks(int seqlen_q, const KeyMask& mask, bool partial_keys, int blocks,
+                                                 int exact_keys) {
+  if (partial_keys) return {0, blocks};
+  auto keys = [&](int r) { return cute::max(0, mask.key_end(r) - cute::max(0, mask.key_begin(r))); };
   auto exact = [&](int b) {
-    const int first = b * 64, last = std::min(first + 63, p.seqlen_q - 1);
-    return std::min(keys(first), keys(last)) <= exact_keys;
+    const int first = b * 64, last = cute::min(first + 63, seqlen_q - 1);
+    return cute::min(keys(first), keys(last)) <= exact_keys;
   };
-  const int real = std::min(blocks, (p.seqlen_q + 63) / 64);
+  const int real = cute::min(blocks, (seqlen_q + 63) / 64);
   int pre = 0, post = real;
   while (pre < real && exact(pre)) ++pre;
   while (post > pre && exact(post - 1)) --post;
   return {pre, post == real ? blocks : post};
+}
+inline BwdExactBlocks bwd_exact_blocks(const BwdParams& p, int blocks, int exact_keys) {
+  const KeyMask mask{p.seqlen_k, p.seqlen_k - p.seqlen_q, p.window_left, p.window_right};
+  return bwd_exact_blocks(p.seqlen_q, mask, p.partial_keys, blocks, exact_keys);
 }
 
 // The backward: one CTA per (key block, KV head, batch) walks the query blocks [m_first, m_last)
