@@ -291,6 +291,11 @@ VARLEN_CASES: tuple[VarlenCase, ...] = (
                cu=((0, 1 << 30, -5, 192), (-100, 10, 9, 1 << 20))),
     # Sequences 0 and 2 both take rows [0, 300) (1 is empty): their sm90 workspace blocks overlap.
     VarlenCase("varlen-descending", (300, 0), (200, 0), 2, 2, 64, cu=((0, 300, 0, 300), (0, 200, 0, 200))),
+    # One cu_seqlens array for queries and keys (self-attention): at d <= 64 the sm90 backward's
+    # lean preprocess with the per-entry exact-D kernel; a trailing exact run, then garbage.
+    VarlenCase("varlen-self-window", (1, 113, 300, 64), (1, 113, 300, 64), 4, 2, 64, window=(10, 60)),
+    VarlenCase("varlen-self-garbage", (64, 64, 64), (64, 64, 64), 2, 2, 64, causal=True,
+               cu=((0, 1 << 30, -5, 192), (0, 1 << 30, -5, 192))),
 )
 
 
@@ -310,6 +315,8 @@ def run_varlen(case: VarlenCase, dtype: torch.dtype, seed: int) -> tuple[bool, s
         spans.append(ends)
     cu_q, cu_k = case.cu if case.cu else spans
     dev_cu = [torch.tensor(c, dtype=torch.int32).to(DEVICE) for c in (cu_q, cu_k)]
+    if tuple(cu_q) == tuple(cu_k):
+        dev_cu[1] = dev_cu[0]  # one array, as self-attention passes it
     opts = dict(softmax_scale=case.headdim**-0.5, causal=case.causal, window_size=case.window)
     notes = []
     for path, deterministic in (("sm80", False), ("sm90", False), ("sm90", True)):

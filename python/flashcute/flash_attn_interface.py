@@ -282,7 +282,9 @@ def flash_attn_varlen_func(
         cu_seqlens_q, cu_seqlens_k: int32 (batch + 1,) CUDA arrays on q's device, non-decreasing,
             starting at 0 (FlashAttention-2's). They are never read on the host, so a call can be
             captured in a CUDA graph; the kernels clamp their entries into [0, total], so no value
-            in them makes a kernel read or write outside q, k, v, out or lse.
+            in them makes a kernel read or write outside q, k, v, out or lse. Self-attention may
+            pass one array as both (with equal totals and maxima), which lets the Hopper backward
+            at head dim <= 64 skip work it cannot otherwise rule out on the host.
         max_seqlen_q, max_seqlen_k: ints, at least the longest sequence's query and key counts, as
             in FlashAttention-2: they size the launch, and rows past them are not computed.
         dropout_p, alibi_slopes: only 0.0 and None (NotImplementedError otherwise).

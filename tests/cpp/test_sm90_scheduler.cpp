@@ -355,3 +355,57 @@ TEST(Sm90Scheduler, BackwardExactBlocksHoldEveryExactRow) {
         }
   EXPECT_GT(checked, 1000);
 }
+
+// bwd_varlen_few_exact_blocks: where it lets a varlen batch's exact-D blocks run one (entry, head)
+// pair a CTA, every entry length has at most three such blocks (the kernel's row-by-row rule);
+// where it refuses (a narrow window), a long entry has many.
+TEST(Sm90Scheduler, BackwardVarlenFewExactBlocksWhereAllowed) {
+  constexpr int kExactKeys = 64;
+  static const int cu[2] = {0, 0};  // never read: the rule looks at the pointers
+  auto exact_blocks = [](int len, int wl, int wr) {
+    const flashcute::KeyMask mask{len, 0, wl, wr};
+    int count = 0;
+    for (int b = 0; b * 64 < len; ++b) {
+      bool has_exact = false;
+      for (int r = b * 64; r < std::min(len, b * 64 + 64); ++r) {
+        const int begin = std::max(0, mask.key_begin(r)), end = std::max(begin, mask.key_end(r));
+        has_exact |= end - begin <= kExactKeys;
+      }
+      count += has_exact;
+    }
+    return count;
+  };
+  int allowed = 0, refused = 0;
+  for (auto [wl, wr] : {std::pair{-1, -1}, {-1, 0}, {0, -1}, {16, 100}, {31, 31}, {32, 31}, {32, 32}, {0, 0},
+                        {63, 0}, {64, 0}, {100, -1}, {-1, 70}, {500, 0}, {5, 5}})
+    for (int len : {1, 17, 63, 64, 65, 113, 127, 128, 129, 300, 1000, 1024, 4000}) {
+      flashcute::BwdParams p;
+      p.cu_seqlens_q = p.cu_seqlens_k = cu;
+      p.total_q = p.total_k = 5000;
+      p.seqlen_q = p.seqlen_k = 4000;
+      p.window_left = wl, p.window_right = wr;
+      if (flashcute::sm90::bwd_varlen_few_exact_blocks(p, kExactKeys)) {
+        EXPECT_LE(exact_blocks(len, wl, wr), 3) << "window (" << wl << ", " << wr << ") length " << len;
+        ++allowed;
+      } else {
+        EXPECT_TRUE(wl >= 0 && wr >= 0 && wl + wr + 1 <= kExactKeys) << "window (" << wl << ", " << wr << ")";
+        if (len == 4000) {
+          EXPECT_GT(exact_blocks(len, wl, wr), 3);
+        }
+        ++refused;
+      }
+      // Anything that could make an entry's query and key lengths differ is refused.
+      flashcute::BwdParams q = p;
+      static const int other[2] = {0, 0};
+      q.cu_seqlens_k = other;
+      EXPECT_FALSE(flashcute::sm90::bwd_varlen_few_exact_blocks(q, kExactKeys));
+      q = p, q.total_k = 4999;
+      EXPECT_FALSE(flashcute::sm90::bwd_varlen_few_exact_blocks(q, kExactKeys));
+      q = p, q.seqlen_k = 3999;
+      EXPECT_FALSE(flashcute::sm90::bwd_varlen_few_exact_blocks(q, kExactKeys));
+      q = p, q.cu_seqlens_q = q.cu_seqlens_k = nullptr;
+      EXPECT_FALSE(flashcute::sm90::bwd_varlen_few_exact_blocks(q, kExactKeys));
+    }
+  EXPECT_GT(allowed, 100);
+  EXPECT_GT(refused, 20);
+}

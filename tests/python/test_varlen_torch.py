@@ -57,6 +57,12 @@ CASES = [
     # walk over the sequences' units).
     Case((256, 256, 256), (256, 256, 256), h=4, hk=2, d=128, causal=True),
     Case((200, 200), (150, 260), d=64),
+    # Equal query and key lengths, passed as one cu_seqlens array (self-attention): at d <= 64 the
+    # sm90 backward's lean preprocess, with a leading or a trailing exact-D run per sequence; a
+    # narrow window keeps every block on the full preprocess.
+    Case((1, 113, 1000, 64, 65), (1, 113, 1000, 64, 65), h=4, hk=2, d=64, causal=True),
+    Case((200, 17, 129), (200, 17, 129), d=64, window=(10, 60)),
+    Case((300, 50), (300, 50), d=64, window=(16, 20)),
 ]
 
 
@@ -148,7 +154,8 @@ def test_backward_per_sequence(torch, sm90_bwd_why_not, require_kernel, monkeypa
     monkeypatch.setenv("FLASHCUTE_BACKWARD_PATH", bwd_path)
     det = dict(deterministic=bwd_path == "sm90")
     q, k, v, dout = _inputs(torch, case, dtype, seed=hash(case.id) % 1000 + 1)
-    cu_q, cu_k = _cu(torch, case.lens_q), _cu(torch, case.lens_k)
+    cu_q = _cu(torch, case.lens_q)
+    cu_k = cu_q if case.lens_k == case.lens_q else _cu(torch, case.lens_k)
     leaves = [x.detach().requires_grad_() for x in (q, k, v)]
     out = flashcute.flash_attn_varlen_func(*leaves, cu_q, cu_k, max(case.lens_q), max(case.lens_k), **det,
                                            **case.options())

@@ -27,8 +27,9 @@ namespace flashcute::sm90 {
 // The preprocess (kernel_bwd.hpp) over a call's padded rows. At d <= 64 the blocks with no exact-D
 // row run on the lean kernel, the others (a causal call's first, a narrow window's all) on the one
 // with the exact pass: for a fixed-length call the host splits the blocks (bwd_exact_blocks), for a
-// varlen batch the kernels do, per entry. A larger head dim runs every block on the latter (the
-// lean kernel measured no faster at d 128: perf-notes, b26).
+// varlen batch whose entries have few of them (bwd_varlen_few_exact_blocks) the kernels do, per
+// entry. Other varlen batches, and larger head dims, run every block on the latter (the lean
+// kernel measured no faster at d 128: perf-notes, b26).
 template <class Element, int kHeadDim>
 Status launch_bwd_preprocess(const BwdParams& p, float* dpsum, float* lse2, float* dq_accum, int* dq_semaphore,
                              int64_t padded, cudaStream_t stream) {
@@ -39,16 +40,18 @@ Status launch_bwd_preprocess(const BwdParams& p, float* dpsum, float* lse2, floa
         <<<grid, 256, 0, stream>>>(p, which, dpsum, lse2, dq_accum, dq_semaphore, padded);
   };
   if constexpr (kHeadDim <= 64) {
-    if (p.cu_seqlens_q != nullptr) {
+    if (bwd_varlen_few_exact_blocks(p, kExactDsumKeys)) {
       launch(std::false_type{}, blocks, BwdPreBlocks::all());
       const int pairs = p.batch * p.nheads, ctas = std::max(1, std::min(pairs, 2 * std::max(1, device_sms())));
       bwd_preprocess_exact_kernel<Element, kHeadDim>
           <<<ctas, 256, 0, stream>>>(p, dpsum, lse2, dq_accum, dq_semaphore, padded);
-    } else {
+    } else if (p.cu_seqlens_q == nullptr) {
       const BwdExactBlocks exact = bwd_exact_blocks(p, blocks, kExactDsumKeys);
       if (exact.post > exact.pre) launch(std::false_type{}, exact.post - exact.pre, BwdPreBlocks{0, exact.pre});
       if (exact.pre > 0 || exact.post < blocks)
         launch(std::true_type{}, exact.pre + blocks - exact.post, BwdPreBlocks{exact.pre, exact.post});
+    } else {
+      launch(std::true_type{}, blocks, BwdPreBlocks::all());
     }
     FLASHCUTE_CUDA_CHECK(cudaGetLastError());
     return Status::success();

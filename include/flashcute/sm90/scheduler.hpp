@@ -436,6 +436,20 @@ inline BwdExactBlocks bwd_exact_blocks(const BwdParams& p, int blocks, int exact
   return bwd_exact_blocks(p.seqlen_q, mask, p.partial_keys, blocks, exact_keys);
 }
 
+// Whether every entry of a varlen batch has few exact-D blocks (at most one leading and two
+// trailing), so that bwd_preprocess_exact_kernel may run an (entry, head) pair's in one CTA. The
+// host can prove it only for self-attention: one cu_seqlens array for queries and keys, equal
+// totals and maxima (each entry's query and key lengths are then equal), and no window that sees
+// at most exact_keys keys. Then a row sees few keys only where its window rises from key 0 (the
+// first 64 rows) or falls to the entry's last key (the last 64 rows). Otherwise an entry with
+// many more queries than keys, or a narrow window, could put every block of a long entry on one CTA.
+inline bool bwd_varlen_few_exact_blocks(const BwdParams& p, int exact_keys) {
+  const bool narrow_window =
+      p.window_left >= 0 && p.window_right >= 0 && int64_t(p.window_left) + p.window_right + 1 <= exact_keys;
+  return p.cu_seqlens_q != nullptr && p.cu_seqlens_q == p.cu_seqlens_k && p.total_q == p.total_k &&
+         p.seqlen_q == p.seqlen_k && !narrow_window;
+}
+
 // The backward: one CTA per (key block, KV head, batch) walks the query blocks [m_first, m_last)
 // whose rows see its keys (the mask's band: KeyMask::query_begin/query_end), for each query head
 // of the group. A key block past the entry's keys (varlen) has none.
