@@ -275,7 +275,9 @@ def _one_framework(first: Tuple[str, Any], *named: Tuple[str, Any], optional: Tu
     for name, x in named:
         if x is None and name in optional:
             continue
-        if _check_cuda_array(name, x) is not fw:
+        if _BY_TYPE.get(type(x)) is fw:  # a type seen before: skip the lookup's call
+            fw.check(name, x)
+        elif _check_cuda_array(name, x) is not fw:
             raise TypeError(f"{name}: is a {_type_name(x)} but {first_name} is a {_type_name(x0)}; all arrays must "
                             "come from the same framework")
     return fw

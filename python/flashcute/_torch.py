@@ -354,16 +354,24 @@ def _kvcache_launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Ten
         keep.append(q.new_empty((n,), dtype=torch.float32))
         return _desc(keep[-1])
 
-    def opt(t: Optional[Tensor]) -> Optional[tuple]:
-        return None if t is None else _desc(t)
-
-    return _C.fwd_kvcache(_desc(q), _desc(k_cache), _desc(v_cache), _desc(out), opt(lse), opt(k), opt(v),
-                          opt(cache_seqlens), opt(block_table), alloc, options, num_splits, stream, index,
-                          check_stream_device)
+    # The descriptors spelled out: this runs on every eager decode step (docs/perf-notes.md, host overhead).
+    return _C.fwd_kvcache(_desc(q), _desc(k_cache), _desc(v_cache), _desc(out), None if lse is None else _desc(lse),
+                          None if k is None else _desc(k), None if v is None else _desc(v),
+                          None if cache_seqlens is None else _desc(cache_seqlens),
+                          None if block_table is None else _desc(block_table), alloc, options, num_splits, stream,
+                          index, check_stream_device)
 
 
 def _kvcache_index(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor], v: Optional[Tensor],
                    cache_seqlens: Optional[Tensor], block_table: Optional[Tensor], out: Optional[Tensor]) -> int:
+    # One pass without names first (a decode step's eight arrays); the named check where it fails.
+    index = q.get_device()
+    if index >= 0:
+        for t in (k_cache, v_cache, k, v, cache_seqlens, block_table, out):
+            if t is not None and t.get_device() != index:
+                break
+        else:
+            return index
     return _device_index(("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v),
                          ("cache_seqlens", cache_seqlens), ("block_table", block_table), ("out", out))
 
@@ -396,7 +404,10 @@ def _may_be_traced(*tensors: Optional[Tensor]) -> bool:
     """Whether anything but a plain eager call could be happening: then the op is the way in."""
     if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() > 0:
         return True
-    return any(t is not None and type(t) is not Tensor for t in tensors)
+    for t in tensors:  # a loop, not any(): a generator costs more than the check on a decode step
+        if t is not None and type(t) is not Tensor:
+            return True
+    return False
 
 
 def _refuse_out_stream(what: str) -> None:
@@ -520,7 +531,15 @@ def flash_attn_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[
         o, lse = _fwd_kvcache_op(q, k_cache, v_cache, k, v, cache_seqlens, block_table, *options, num_splits)
         return o, (lse if return_lse else None)
     index = _kvcache_index(q, k_cache, v_cache, k, v, cache_seqlens, block_table, out)
-    handle, ctx, check = _launch_context(q.device, stream, _current_stream(index))
+    current = _current_stream(index)
+    if stream is None or stream == current:  # the common case, without the context manager
+        if out is None:
+            out = q.new_empty(q.shape)
+        lse = q.new_empty(_lse_shape(q), dtype=torch.float32) if return_lse else None
+        _kvcache_launch(q, k_cache, v_cache, k, v, cache_seqlens, block_table, out, lse, options, num_splits, index,
+                        current, False)
+        return out, lse
+    handle, ctx, check = _launch_context(q.device, stream, current)
     with ctx:
         out = q.new_empty(q.shape) if out is None else out
         lse = q.new_empty(_lse_shape(q), dtype=torch.float32) if return_lse else None
