@@ -84,7 +84,8 @@ __device__ void store4(T* dst, float4 x) {
 __device__ inline float max_nan(float a, float b) { return a > b || a != a ? a : b; }
 
 // One warp per output row (b, h, s). Lane l holds the lse of splits l, l + 32, ...; the warp
-// reduces their max and sum, then each lane accumulates 4 columns at a time over the splits.
+// reduces their max and sum, then each lane accumulates 4 columns at a time over the splits, in
+// split order.
 // Empty splits have lse = -inf and weigh 0; a row no split saw gets out = 0 and lse = -inf; a row
 // with a NaN partial gets NaN.
 template <class T>
@@ -122,17 +123,32 @@ __global__ void __launch_bounds__(32 * kWarpsPerCta) combine_kernel(__grid_const
   T* out = static_cast<T*>(p.o) + b * p.o_batch_stride + s * p.o_row_stride + h * p.o_head_stride;
   // Every lane runs every pass, so that each shuffle has the whole warp; lanes past head_dim
   // (lane 16 on at d 64) only serve the shuffles.
+  // kChunk splits' partials are loaded before any is added, so that their loads are in flight
+  // together (one at a time, a batch-1 decode's 16 splits cost 16 L2 round trips).
+  constexpr int kChunk = 8;
+  static_assert(32 % kChunk == 0, "a chunk's splits share one lse slot");
   for (int c0 = 0; c0 < p.head_dim; c0 += 128) {
     const int c = c0 + lane * 4;
     const bool mine = c < p.head_dim;
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
     for (int j = 0; j < kSlots; ++j) {
-      for (int l = 0; l < 32 && j * 32 + l < p.num_splits; ++l) {
-        const float w = __shfl_sync(0xffffffffu, lse_part[j], l);
-        if (!mine) continue;
-        const float4 x = *reinterpret_cast<const float4*>(p.o_accum + ((j * 32 + l) * split_stride + row) * p.head_dim + c);
-        acc.x += w * x.x, acc.y += w * x.y, acc.z += w * x.z, acc.w += w * x.w;
+      for (int first = j * 32; first < j * 32 + 32 && first < p.num_splits; first += kChunk) {
+        float w[kChunk];
+        float4 x[kChunk];
+#pragma unroll
+        for (int u = 0; u < kChunk; ++u) {
+          const int split = first + u;
+          w[u] = __shfl_sync(0xffffffffu, lse_part[j], split % 32);
+          x[u] = mine && split < p.num_splits
+                     ? *reinterpret_cast<const float4*>(p.o_accum + (split * split_stride + row) * p.head_dim + c)
+                     : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+        for (int u = 0; u < kChunk; ++u) {
+          if (first + u >= p.num_splits) break;
+          acc.x += w[u] * x[u].x, acc.y += w[u] * x[u].y, acc.z += w[u] * x[u].z, acc.w += w[u] * x[u].w;
+        }
       }
     }
     if (mine) store4(out + c, acc);
