@@ -320,6 +320,16 @@ TEST(Sm90Scheduler, BackwardVarlenRowsAreDisjointAndInside) {
   }
 }
 
+// The preprocess kernel's rule, row by row: whether 64-row block b of seqlen_q rows holds a row
+// that sees at most exact_keys keys.
+bool block_has_exact_row(const flashcute::KeyMask& mask, int seqlen_q, int b, int exact_keys) {
+  for (int r = b * 64; r < std::min(seqlen_q, b * 64 + 64); ++r) {
+    const int begin = std::max(0, mask.key_begin(r)), end = std::max(begin, mask.key_end(r));
+    if (end - begin <= exact_keys) return true;
+  }
+  return false;
+}
+
 // The preprocess runs the blocks bwd_exact_blocks leaves out on a kernel without the exact-D pass:
 // none of them may hold a row that sees at most 64 keys (the kernel's test, row by row), and the
 // real blocks it keeps must all hold one. Causal, windows, seqlen_q above and below seqlen_k.
@@ -340,11 +350,7 @@ TEST(Sm90Scheduler, BackwardExactBlocksHoldEveryExactRow) {
           ASSERT_LE(post, blocks);
           const flashcute::KeyMask mask{sk, sk - sq, wl, wr};
           for (int b = 0; b < blocks; ++b) {
-            bool has_exact = false;
-            for (int r = b * 64; r < std::min(sq, b * 64 + 64); ++r) {
-              const int begin = std::max(0, mask.key_begin(r)), end = std::max(begin, mask.key_end(r));
-              has_exact |= !partial && end - begin <= kExactKeys;
-            }
+            const bool has_exact = !partial && block_has_exact_row(mask, sq, b, kExactKeys);
             const bool on_exact = b < pre || b >= post;
             const bool real = b * 64 < sq;
             ASSERT_EQ(has_exact, on_exact && real)
@@ -365,14 +371,7 @@ TEST(Sm90Scheduler, BackwardVarlenFewExactBlocksWhereAllowed) {
   auto exact_blocks = [](int len, int wl, int wr) {
     const flashcute::KeyMask mask{len, 0, wl, wr};
     int count = 0;
-    for (int b = 0; b * 64 < len; ++b) {
-      bool has_exact = false;
-      for (int r = b * 64; r < std::min(len, b * 64 + 64); ++r) {
-        const int begin = std::max(0, mask.key_begin(r)), end = std::max(begin, mask.key_end(r));
-        has_exact |= end - begin <= kExactKeys;
-      }
-      count += has_exact;
-    }
+    for (int b = 0; b * 64 < len; ++b) count += block_has_exact_row(mask, len, b, kExactKeys);
     return count;
   };
   int allowed = 0, refused = 0;

@@ -108,7 +108,8 @@ __global__ void __launch_bounds__(256, 2) bwd_preprocess_kernel(const BwdParams 
 
 // A varlen batch's exact-D blocks, beside bwd_preprocess_kernel<false> (which skips them): each of
 // a few CTAs an SM takes (batch entry, head) pairs in turn and runs that entry's blocks that
-// bwd_exact_blocks names, so a batch with few such blocks costs few CTAs.
+// bwd_exact_blocks names, so a batch with few such blocks costs few CTAs. Launched only where no
+// entry has more than three (bwd_varlen_few_exact_blocks): a pair's blocks run one after another.
 template <class Element, int kHeadDim>
 __global__ void __launch_bounds__(256, 2) bwd_preprocess_exact_kernel(const BwdParams p, float* dpsum, float* lse2,
                                                                       float* dq_accum, int* dq_semaphore,
