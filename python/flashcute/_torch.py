@@ -365,10 +365,11 @@ def _kvcache_launch(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Ten
 def _kvcache_index(q: Tensor, k_cache: Tensor, v_cache: Tensor, k: Optional[Tensor], v: Optional[Tensor],
                    cache_seqlens: Optional[Tensor], block_table: Optional[Tensor], out: Optional[Tensor]) -> int:
     # One pass without names first (a decode step's eight arrays); the named check where it fails.
-    index = q.get_device()
+    # is_cuda too: get_device() gives other device types' indices as well.
+    index = q.get_device() if q.is_cuda else -1
     if index >= 0:
         for t in (k_cache, v_cache, k, v, cache_seqlens, block_table, out):
-            if t is not None and t.get_device() != index:
+            if t is not None and (not t.is_cuda or t.get_device() != index):
                 break
         else:
             return index
