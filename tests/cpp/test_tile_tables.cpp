@@ -25,6 +25,17 @@ TEST(TileTable, EveryCatalogHeadDimHasAValidConfig) {
   }
 }
 
+TEST(TileTable, EveryCatalogHeadDimHasAValidSplitKvConfig) {
+  for (int hd : flashcute::kKernelHeadDims) {
+    const FwdConfig cfg = flashcute::sm80::default_splitkv_config(hd);
+    EXPECT_EQ(cfg.head_dim, hd);
+    EXPECT_TRUE(cfg.split_kv);
+    EXPECT_GE(cfg.kv_stages, 2) << "head dim " << hd;
+    const char* err = flashcute::sm80::validate(cfg);
+    EXPECT_EQ(err, nullptr) << "head dim " << hd << ": " << err;
+  }
+}
+
 TEST(TileTable, ValidateNamesTheBrokenRule) {
   struct Bad {
     FwdConfig cfg;
@@ -42,6 +53,12 @@ TEST(TileTable, ValidateNamesTheBrokenRule) {
       {{.head_dim = 128, .block_m = 128, .block_n = 24, .num_warps = 4}, "block_n must be a multiple of 16, at least 32"},
       {{.head_dim = 128, .block_m = 128, .block_n = 16, .num_warps = 4}, "block_n must be a multiple of 16, at least 32"},
       {{.head_dim = 256, .block_m = 256, .block_n = 256, .num_warps = 8}, "tiles exceed the 227 KB shared-memory limit"},
+      {{.head_dim = 256, .block_m = 64, .block_n = 64, .num_warps = 4, .split_kv = true, .kv_stages = 4},
+       "tiles exceed the 227 KB shared-memory limit"},
+      {{.head_dim = 128, .block_m = 64, .block_n = 128, .num_warps = 4, .split_kv = true},
+       "kv_stages must be 1, or at least 2 for the KV-cache kernel (split_kv)"},
+      {{.head_dim = 128, .block_m = 64, .block_n = 128, .num_warps = 4, .kv_stages = 2},
+       "kv_stages must be 1, or at least 2 for the KV-cache kernel (split_kv)"},
       {{.head_dim = 128, .block_m = 128, .block_n = 48, .num_warps = 8},
        "block_n must be a multiple of the loader's rows per step"},
   };

@@ -94,7 +94,9 @@ struct PagedKv {
 
   // The page holding key `key` (>= 0), as the table says: the index is clamped into the table,
   // the entry is not (valid() tells).
-  CUTE_DEVICE int page_of(int key) const { return table[cute::min(key >> log2, max_pages - 1)]; }
+  CUTE_DEVICE int page_of(int key) const { return table[index_of(key)]; }
+  // The table index page_of reads for key `key`.
+  CUTE_HOST_DEVICE int index_of(int key) const { return cute::min(key >> log2, max_pages - 1); }
   // Whether `page` is in the cache. A key on a page outside it is never read or written: the
   // attention gives the rows that see it NaN, the append drops it.
   CUTE_HOST_DEVICE bool valid(int page) const { return page >= 0 && page < num_pages; }

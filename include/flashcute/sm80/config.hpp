@@ -32,13 +32,17 @@ struct FwdConfig {
   // params.num_splits ranges and writes float32 partials when there are several; K and V may be
   // paged; each batch entry's key count comes from params.cache_seqlens.
   bool split_kv = false;
+  // (K, V) tile pairs in flight: 1 (the forward kernel's single K and V buffers) or, for the
+  // KV-cache kernel, 2 or more (block n uses pair n % kv_stages; step_kv).
+  int kv_stages = 1;
 
   constexpr int num_threads() const { return num_warps * 32; }
   // Shared memory row atom: 64 halves (128 B) when the head dim allows, else 32 (64 B).
   constexpr int smem_atom_cols() const { return head_dim % 64 == 0 ? 64 : 32; }
-  // Bytes of dynamic shared memory: Q tile, plus one K and one V tile (the KV-cache kernel: two each).
+  // Bytes of dynamic shared memory: the Q tile, kv_stages K and V tiles, and for the KV-cache
+  // kernel the page numbers of one key block (pages hold at least 16 keys).
   constexpr int smem_bytes(int element_bytes = 2) const {
-    return (block_m + (split_kv ? 4 : 2) * block_n) * head_dim * element_bytes;
+    return (block_m + 2 * kv_stages * block_n) * head_dim * element_bytes + (split_kv ? block_n / 16 * 4 : 0);
   }
 };
 
@@ -48,6 +52,8 @@ constexpr const char* validate(FwdConfig cfg) {
   if (cfg.num_warps != 4 && cfg.num_warps != 8) return "num_warps must be 4 or 8";
   if (cfg.block_m % (16 * cfg.num_warps) != 0) return "block_m must be a multiple of 16 * num_warps (one m16 MMA row block per warp)";
   if (cfg.block_n % 16 != 0 || cfg.block_n < 32) return "block_n must be a multiple of 16, at least 32";
+  if (cfg.split_kv ? cfg.kv_stages < 2 : cfg.kv_stages != 1)
+    return "kv_stages must be 1, or at least 2 for the KV-cache kernel (split_kv)";
   if (cfg.smem_bytes() > 227 * 1024) return "tiles exceed the 227 KB shared-memory limit";
   // The cp.async loader moves 16 B per thread per step; one step must cover whole rows.
   if ((cfg.num_threads() * 8) % cfg.smem_atom_cols() != 0) return "loader threads must tile a shared-memory row atom";
@@ -90,6 +96,8 @@ constexpr FwdConfig default_splitkv_config(int head_dim) {
   cfg.q_in_regs = false;
   cfg.mask_split = false;
   cfg.split_kv = true;
+  // Two (K, V) pairs in flight; three measured slower (docs/perf-notes.md, decode).
+  cfg.kv_stages = 2;
   return cfg;
 }
 

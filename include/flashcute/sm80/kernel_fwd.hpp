@@ -13,8 +13,8 @@
 // The same kernel built from a FwdConfig with split_kv (sm80/launch_splitkv.hpp) is the KV-cache
 // kernel: its CTA takes one of params.num_splits shares of the key blocks and writes a float32
 // partial when there are several, K and V may be paged (gathered row by row through the block
-// table), the key count comes from params.cache_seqlens, and K and V are double-buffered
-// (step_kv).
+// table), the key count comes from params.cache_seqlens, and K and V have kv_stages buffers
+// each (step_kv).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -98,13 +98,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
   Tensor sK = make_tensor(sQ.data() + size(sQ), typename Traits::SmemLayoutKV{});                                // (BLK_N,D)
   Tensor sV = make_tensor(sK.data() + size(sK), typename Traits::SmemLayoutKV{});                                // (BLK_N,D)
   Tensor sVt = make_tensor(sV.data(), typename Traits::SmemLayoutVt{});                                          // (D,BLK_N)
-  // The KV-cache kernel double-buffers K and V (Q | K0 | V0 | K1 | V1; block n uses pair n % 2):
-  // the next block's pair streams in during this block's math. Decode is memory-bound, and its
-  // CTAs often run one to an SM: one that waits on one tile at a time leaves bandwidth unused
-  // (paged decode: paged/contiguous 0.93-0.97 -> 0.97-1.00; docs/perf-notes.md, decode).
-  constexpr int kKvStages = Traits::kSplitKv ? 2 : 1;
+  // The KV-cache kernel keeps kKvStages (K, V) pairs (Q | K0 | V0 | K1 | V1 | ...; block n uses
+  // pair n % kKvStages): the next blocks' pairs stream in during this block's math. Decode is
+  // memory-bound and its CTAs run one to an SM, so the bytes in flight per CTA set its bandwidth
+  // (docs/perf-notes.md, decode).
+  constexpr int kKvStages = Traits::kKvStages;
   const int64_t stage_elems = 2 * int64_t(size(sK));  // from a pair's K (or V) to the next pair's
-  auto stage_of = [&](int n_block) { return kKvStages == 1 ? 0 : (n_block & 1); };
+  auto stage_of = [&](int n_block) { return kKvStages == 1 ? 0 : n_block % kKvStages; };  // n_block >= 0
   auto at_stage = [&](auto const& t, int stage) { return make_tensor(t.data() + stage * stage_elems, t.layout()); };
   Tensor sO = make_tensor(sQ.data(), typename Traits::SmemLayoutO{});                                            // (BLK_M,D)
 
@@ -129,18 +129,30 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
   // outside the cache is not read: its K row is NaN, so exactly the query rows that see the key
   // get NaN scores (the mask overwrites the others with -inf), and its V row is zero, so P = 0
   // keeps the rows that do not see it finite.
+  // In the main loop the K load takes its rows' pages from s_pages, where step_kv put the block's
+  // page numbers (one thread a page, read from the table during the step before); the prologue's
+  // loads read the table. A lookup in the table costs the loads an L2 round trip, with only the
+  // other stage in flight (docs/perf-notes.md, decode).
   const bool paged = Traits::kSplitKv && params.block_table != nullptr;
   const PagedKv pages(params, batch);  // read only when paged
   int row_page[decltype(size<1>(tKVcKV))::value];  // the page of each row this thread loads
+  constexpr int kPageSlotsOffset = (kBlockM + 2 * kKvStages * kBlockN) * kHeadDim * int(sizeof(Element));
+  int* s_pages = reinterpret_cast<int*>(smem_buf + kPageSlotsOffset);  // (kBlockN / 16): one block's pages
   auto load_kv = [&](auto& tXgX, auto& tXsX, int n_block, auto check_rows_tag, int max_rows, int64_t page_stride,
-                     int64_t row_stride, auto is_k_tag) FLASHCUTE_INLINE {
+                     int64_t row_stride, auto is_k_tag, bool pages_in_smem) FLASHCUTE_INLINE {
     constexpr bool kCheckRows = decltype(check_rows_tag)::value;
     constexpr bool kIsK = decltype(is_k_tag)::value;  // K: look the pages up, NaN-fill bad rows
     if constexpr (Traits::kSplitKv) {
       if (paged) {
+        if (kIsK && pages_in_smem) {  // all rows' pages first: the cp.asyncs would hold each read back
+          const int first_index = pages.index_of(n_block * kBlockN);
+          CUTE_UNROLL
+          for (int m = 0; m < size<1>(tKVcKV); ++m)
+            row_page[m] = s_pages[pages.index_of(n_block * kBlockN + get<0>(tKVcKV(0, m, 0))) - first_index];
+        }
         auto row_at = [&](int m, int r) {
           const int key = n_block * kBlockN + r;
-          if constexpr (kIsK) row_page[m] = pages.page_of(key);
+          if (kIsK && !pages_in_smem) row_page[m] = pages.page_of(key);
           return GatherRow{pages.offset(row_page[m], key, page_stride, row_stride) - r * row_stride,
                            pages.valid(row_page[m])};
         };
@@ -151,15 +163,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
     }
     load_tile<kCheckRows>(gmem_tiled_copy, tXgX(_, _, _, n_block), tXsX, tKVcKV, max_rows, params.head_dim);
   };
-  auto load_k = [&](int n_block, auto check_rows_tag, int max_rows) FLASHCUTE_INLINE {
+  auto load_k = [&](int n_block, auto check_rows_tag, int max_rows, bool pages_in_smem = false) FLASHCUTE_INLINE {
     auto tKsK_stage = at_stage(tKsK, stage_of(n_block));
     load_kv(tKgK, tKsK_stage, n_block, check_rows_tag, max_rows, params.k_batch_stride, params.k_row_stride,
-            std::true_type{});
+            std::true_type{}, pages_in_smem);
   };
   auto load_v = [&](int n_block, auto check_rows_tag, int max_rows) FLASHCUTE_INLINE {
     auto tVsV_stage = at_stage(tVsV, stage_of(n_block));
     load_kv(tVgV, tVsV_stage, n_block, check_rows_tag, max_rows, params.v_batch_stride, params.v_row_stride,
-            std::false_type{});
+            std::false_type{}, false);
   };
 
   // Tensor cores: register fragments and the ldmatrix views that fill them.
@@ -199,17 +211,20 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
   }
   cp_async_fence();
   if constexpr (Traits::kSplitKv) {
-    // The KV-cache kernel keeps two (K, V) pairs in flight: the last block's V, then the pair
-    // before it, each tile a group of its own (step_kv counts them).
+    // The KV-cache kernel keeps kKvStages (K, V) pairs in flight: the last block's V, then the
+    // pairs before it, each tile a group of its own (step_kv counts them).
     if (n_block_max > n_block_min) {
       const int n0 = (n_block_max - 1) * kBlockN;
       load_v(n_block_max - 1, std::true_type{}, seq.seqlen_k - n0);
     }
     cp_async_fence();
-    if (n_block_max - 1 > n_block_min) load_k(n_block_max - 2, std::false_type{}, kBlockN);
-    cp_async_fence();
-    if (n_block_max - 1 > n_block_min) load_v(n_block_max - 2, std::false_type{}, kBlockN);
-    cp_async_fence();
+    CUTE_UNROLL
+    for (int i = 1; i < kKvStages; ++i) {
+      if (n_block_max - 1 - i >= n_block_min) load_k(n_block_max - 1 - i, std::false_type{}, kBlockN);
+      cp_async_fence();
+      if (n_block_max - 1 - i >= n_block_min) load_v(n_block_max - 1 - i, std::false_type{}, kBlockN);
+      cp_async_fence();
+    }
   }
   if constexpr (Traits::kQInRegs) {
     cp_async_wait<1>();
@@ -280,15 +295,21 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
     gemm_rs(tiled_mma, acc_o, tOrP, tOrVt, tOsVt, tOrVt_view, smem_copy_v);
   };
 
-  // The KV-cache kernel's step: K and V both double-buffered (buffer n % 2); the next block's
-  // pair streams in during this block's math, and the pair after it is issued as soon as this
-  // block's buffers are free. Four tile groups are in flight at its start: K[n], V[n], K[n-1], V[n-1].
+  // The KV-cache kernel's step: K and V in kKvStages buffer pairs (pair n % kKvStages); the
+  // next blocks' pairs stream in during this block's math, and block n - kKvStages is issued as
+  // soon as this block's pair is free. 2 * kKvStages tile groups are in flight at its start: K[n],
+  // V[n], K[n-1], V[n-1], ...
   auto step_kv = [&](int n_block) FLASHCUTE_INLINE {
     const int n0 = n_block * kBlockN;
     const int stage = stage_of(n_block);
+    const int n_next = n_block - kKvStages;  // the block this step's pair takes next
     Tensor acc_s = partition_fragment_C(tiled_mma, TileS{});  // (MMA,MMA_M,MMA_N), fp32
     clear(acc_s);
-    cp_async_wait<3>();
+    // Paged: block n_next's page numbers, one thread a page, stored to s_pages at the end.
+    const bool fetch_page = paged && n_next >= n_block_min && tid <= ((kBlockN - 1) >> pages.log2);
+    const int next_page =
+        fetch_page ? pages.table[min(pages.index_of(n_next * kBlockN) + tid, pages.max_pages - 1)] : 0;
+    cp_async_wait<2 * kKvStages - 1>();
     // K[n_block] (and, first time, Q) has landed for every thread.
     __syncthreads();
     gemm_ss(tiled_mma, acc_s, tSrQ, tSrK, tSsQ, at_stage(tSsK, stage), tSrQ_view, tSrK_view, smem_copy_q,
@@ -299,18 +320,20 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
     }
     Tensor scores = rowcol_view(acc_s);  // ((2,MMA_M),(2,MMA_N))
     if (mask.tile_needs_mask(m0, kBlockM, n0, kBlockN)) mask.apply(scores, tScS, m0, n0);
-    cp_async_wait<2>();
+    cp_async_wait<2 * kKvStages - 2>();
     // V[n_block] has landed for every thread.
     __syncthreads();
     softmax.update(scores, acc_o_rc);
     Tensor rP = convert_fragment<Element>(acc_s);                        // (MMA,MMA_M,MMA_N)
     Tensor tOrP = make_tensor(rP.data(), acc_to_a_layout(rP.layout()));  // ((2,2,2),MMA_M,MMA_N/2)
     gemm_rs(tiled_mma, acc_o, tOrP, tOrVt, at_stage(tOsVt, stage), tOrVt_view, smem_copy_v);
-    // Every warp is done with this stage's K and V: they take block n_block - 2.
+    if (fetch_page) s_pages[tid] = next_page;
+    // Every warp is done with this stage's K and V: they take block n_next, whose page numbers
+    // are now in s_pages.
     __syncthreads();
-    if (n_block - 2 >= n_block_min) load_k(n_block - 2, std::false_type{}, kBlockN);
+    if (n_next >= n_block_min) load_k(n_next, std::false_type{}, kBlockN, true);
     cp_async_fence();
-    if (n_block - 2 >= n_block_min) load_v(n_block - 2, std::false_type{}, kBlockN);
+    if (n_next >= n_block_min) load_v(n_next, std::false_type{}, kBlockN);
     cp_async_fence();
   };
 

@@ -40,6 +40,7 @@ struct FwdTraits {
   static constexpr bool kQInRegs = kCfg.q_in_regs;
   static constexpr bool kMaskSplit = kCfg.mask_split;
   static constexpr bool kSplitKv = kCfg.split_kv;
+  static constexpr int kKvStages = kCfg.kv_stages;
   static constexpr int kSmemBytes = kCfg.smem_bytes(int(sizeof(Element)));
 
   // Tensor cores: m16n8k16 with fp32 accumulators. Warps are stacked along M, so
