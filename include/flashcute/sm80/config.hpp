@@ -83,13 +83,14 @@ constexpr FwdConfig default_fwd_config(int head_dim) {
 
 // The KV-cache (split-KV) kernels' tile table. Decoding has few query rows per (batch, KV
 // head), so the tiles are short in M (64 rows, 16 per warp) and long in N: each CTA streams
-// more key bytes per unit of tensor-core work, and has more of them in flight. Two CTAs fit an
-// SM up to head dim 192 (shared memory: Q, two K buffers and V).
+// more key bytes per unit of tensor-core work. One CTA an SM (choose_num_splits counts on it).
+// Key blocks of 256 at d 32, 128 up to d 128 (at d 64, 256 left a batch-1 split one block, and
+// 128 measured faster there and on paged caches), 64 above.
 constexpr FwdConfig default_splitkv_config(int head_dim) {
   FwdConfig cfg = default_fwd_config(head_dim);
   if (cfg.head_dim == 0) return cfg;
   cfg.block_m = 64;
-  cfg.block_n = head_dim <= 64 ? 256 : (head_dim <= 128 ? 128 : 64);
+  cfg.block_n = head_dim <= 32 ? 256 : (head_dim <= 128 ? 128 : 64);
   cfg.num_warps = 4;
   cfg.min_ctas_per_sm = 1;
   cfg.branch_free_refill = false;
