@@ -14,8 +14,11 @@
 #   sed -i 's/case 64: return {\(.*\)};/case 64: return {\1, .stages = 3};/' include/flashcute/sm90/config.hpp
 #   grep -q "stages = 3" include/flashcute/sm90/config.hpp
 #
+# A variant can also apply a patch carried with the checkout: `patch -p1 < "$ROOT/build/ab/x.patch"`.
+#
 # Environment: DIMS (A's head dims, default 64,128,256), DTYPES (default bf16), BENCH_ARGS (more
-# bench arguments, e.g. "--seqlens 1024,8192"), PYTEST (pytest targets run on A, e.g.
+# bench arguments, e.g. "--seqlens 1024,8192"), BENCH=decode (time `flashcute.bench decode` at the
+# first head dim of each build instead of the forward grid; builds the KV-cache kernels), PYTEST (pytest targets run on A, e.g.
 # tests/python/test_forward_path.py), NCU=1 (ncu --set full on A over scripts/ncu_fwd.py; NCU_SHAPES
 # picks its shapes, e.g. 64:causal:1024), PYTEST_TIMEOUT (seconds one test may take, default 120),
 # BENCH_TIMEOUT (seconds one bench run may take, default 240: a variant that hangs loses its own
@@ -29,12 +32,14 @@ OUT="${OUT:-$PWD/build/device-out}"
 WORK=$(mktemp -d)
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 DIMS=${DIMS:-64,128,256}
+KVCACHE=OFF
+[[ "${BENCH:-fwd}" == decode ]] && KVCACHE=ON
 NB=$(python3 -c "import nanobind; print(nanobind.cmake_dir())")
 
 build() {  # build NAME SRC DIMS: configure and build flashcute._C, stage it as a package in $WORK/pkg_NAME
   cmake -S "$2" -B "$WORK/b_$1" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHCUTE_CUDA_ARCHS=90a \
     -DFLASHCUTE_HEAD_DIMS="$3" -DFLASHCUTE_DTYPES="${DTYPES:-bf16}" -DFLASHCUTE_BACKWARD=OFF \
-    -DFLASHCUTE_KVCACHE=OFF -DFLASHCUTE_BUILD_TESTS=OFF -DFLASHCUTE_BUILD_PYTHON=ON \
+    -DFLASHCUTE_KVCACHE="$KVCACHE" -DFLASHCUTE_BUILD_TESTS=OFF -DFLASHCUTE_BUILD_PYTHON=ON \
     -DFLASHCUTE_PTXAS_VERBOSE=ON -Dnanobind_DIR="$NB" > "$WORK/cfg_$1.log" 2>&1
   cmake --build "$WORK/b_$1" --target _C -j 16 > "$WORK/build_$1.log" 2>&1
   local rc=$?
@@ -67,6 +72,11 @@ bench() {  # bench REP
   local name
   for name in "${VARS[@]}"; do
     echo "== bench $name rep $1"
+    if [[ "${BENCH:-fwd}" == decode ]]; then
+      PYTHONPATH="$WORK/pkg_$name" timeout "${BENCH_TIMEOUT:-240}" python3 -m flashcute.bench decode \
+        --headdim "${VDIMS[$name]%%,*}" ${BENCH_ARGS:-} --out-dir "$WORK/bench_${name}_$1" 2>&1 | grep "^ *graph\|^ *eager\|rror\|summary"
+      continue
+    fi
     PYTHONPATH="$WORK/pkg_$name" timeout "${BENCH_TIMEOUT:-240}" python3 -m flashcute.bench --headdims "${VDIMS[$name]}" --dtype "${DTYPES:-bf16}" ${BENCH_ARGS:-} \
       --impls flashcute,sdpa-cudnn --no-plot --out-dir "$WORK/bench_${name}_$1" 2>&1 | grep "d=\|rror\|runs on\|matmul"
   done
