@@ -99,9 +99,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
   Tensor sV = make_tensor(sK.data() + size(sK), typename Traits::SmemLayoutKV{});                                // (BLK_N,D)
   Tensor sVt = make_tensor(sV.data(), typename Traits::SmemLayoutVt{});                                          // (D,BLK_N)
   // The KV-cache kernel keeps kKvStages (K, V) pairs (Q | K0 | V0 | K1 | V1 | ...; block n uses
-  // pair n % kKvStages): the next blocks' pairs stream in during this block's math. Decode is
-  // memory-bound and its CTAs run one to an SM, so the bytes in flight per CTA set its bandwidth
-  // (docs/perf-notes.md, decode).
+  // pair n % kKvStages): the next blocks' pairs stream in during this block's math, so that a CTA,
+  // one to an SM, does not wait on one tile at a time (docs/perf-notes.md, decode).
   constexpr int kKvStages = Traits::kKvStages;
   const int64_t stage_elems = 2 * int64_t(size(sK));  // from a pair's K (or V) to the next pair's
   auto stage_of = [&](int n_block) { return kKvStages == 1 ? 0 : n_block % kKvStages; };  // n_block >= 0
