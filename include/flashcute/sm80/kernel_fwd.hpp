@@ -135,8 +135,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
   const bool paged = Traits::kSplitKv && params.block_table != nullptr;
   const PagedKv pages(params, batch);  // read only when paged
   int row_page[decltype(size<1>(tKVcKV))::value];  // the page of each row this thread loads
-  constexpr int kPageSlotsOffset = (kBlockM + 2 * kKvStages * kBlockN) * kHeadDim * int(sizeof(Element));
-  int* s_pages = reinterpret_cast<int*>(smem_buf + kPageSlotsOffset);  // (kBlockN / 16): one block's pages
+  int* s_pages = reinterpret_cast<int*>(smem_buf + Traits::kPageSlotsOffset);  // (kBlockN / 16): one block's pages
   auto load_kv = [&](auto& tXgX, auto& tXsX, int n_block, auto check_rows_tag, int max_rows, int64_t page_stride,
                      int64_t row_stride, auto is_k_tag, bool pages_in_smem) FLASHCUTE_INLINE {
     constexpr bool kCheckRows = decltype(check_rows_tag)::value;

@@ -42,6 +42,7 @@ struct FwdTraits {
   static constexpr bool kSplitKv = kCfg.split_kv;
   static constexpr int kKvStages = kCfg.kv_stages;
   static constexpr int kSmemBytes = kCfg.smem_bytes(int(sizeof(Element)));
+  static constexpr int kPageSlotsOffset = kCfg.page_slots_offset(int(sizeof(Element)));
 
   // Tensor cores: m16n8k16 with fp32 accumulators. Warps are stacked along M, so
   // each warp owns whole query rows and the softmax never crosses warps. The
