@@ -35,6 +35,10 @@ struct FwdConfig {
   // (K, V) tile pairs in flight: 1 (the forward kernel's single K and V buffers) or, for the
   // KV-cache kernel, 2 or more (block n uses pair n % kv_stages; step_kv).
   int kv_stages = 1;
+  // The KV-cache kernel's decode twin, for calls of at most kDecodeRows query rows: every warp
+  // takes those rows and a quarter of each key block, and the warps' partials are merged at the
+  // end (instead of rows stacked by warp, three warps of four on rows that do not exist).
+  bool warp_split = false;
 
   constexpr int num_threads() const { return num_warps * 32; }
   // Shared memory row atom: 64 halves (128 B) when the head dim allows, else 32 (64 B).
@@ -57,6 +61,8 @@ constexpr const char* validate(FwdConfig cfg) {
   if (cfg.block_n % 16 != 0 || cfg.block_n < 32) return "block_n must be a multiple of 16, at least 32";
   if (cfg.split_kv ? cfg.kv_stages < 2 : cfg.kv_stages != 1)
     return "kv_stages must be 1, or at least 2 for the KV-cache kernel (split_kv)";
+  if (cfg.warp_split && (!cfg.split_kv || cfg.num_warps != 4 || cfg.block_n % 64 != 0))
+    return "warp_split needs split_kv, 4 warps and block_n a multiple of 64 (a warp's quarter in k16 steps)";
   if (cfg.smem_bytes() > 227 * 1024) return "tiles exceed the 227 KB shared-memory limit";
   // The cp.async loader moves 16 B per thread per step; one step must cover whole rows.
   if ((cfg.num_threads() * 8) % cfg.smem_atom_cols() != 0) return "loader threads must tile a shared-memory row atom";
@@ -102,6 +108,18 @@ constexpr FwdConfig default_splitkv_config(int head_dim) {
   cfg.split_kv = true;
   // Two (K, V) pairs in flight; three measured slower (docs/perf-notes.md, decode).
   cfg.kv_stages = 2;
+  return cfg;
+}
+
+// The decode twin (warp_split) takes calls of at most this many query rows (after the GQA
+// packing of validate_kvcache.hpp): one m16 MMA row block.
+inline constexpr int kDecodeRows = 16;
+// Its tiles: the KV-cache kernel's. A kernel of its own, not a runtime branch of that one: with
+// both loops in one kernel the decode loop sat past the other in the code, and each short-lived
+// CTA stalled on instruction fetches (docs/perf-notes.md, decode, v29).
+constexpr FwdConfig decode_splitkv_config(int head_dim) {
+  FwdConfig cfg = default_splitkv_config(head_dim);
+  cfg.warp_split = cfg.head_dim != 0;
   return cfg;
 }
 

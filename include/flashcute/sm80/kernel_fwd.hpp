@@ -21,6 +21,7 @@
 
 #include "flashcute/common/fragment.hpp"
 #include "flashcute/common/mask.hpp"
+#include "flashcute/common/merge.hpp"
 #include "flashcute/common/params.hpp"
 #include "flashcute/common/seqlen.hpp"
 #include "flashcute/common/softmax.hpp"
@@ -44,7 +45,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
   constexpr int kHeadDim = Traits::kHeadDim;
   using TileQ = Shape<Int<kBlockM>, Int<kHeadDim>>;
   using TileKV = Shape<Int<kBlockN>, Int<kHeadDim>>;
-  using TileS = Shape<Int<kBlockM>, Int<kBlockN>>;
+  // The decode twin (Traits::kWarpSplit, a KV-cache call of at most kDecodeRows query rows):
+  // every warp takes the tile's first 16 rows and its quarter of each key block, as if it were a
+  // split of its own, and merge_warps merges the warps' results at the end. Rows stacked by warp
+  // would leave three warps of four on rows that do not exist, each reading all of K and V.
+  constexpr bool kWarpSplit = Traits::kWarpSplit;
+  constexpr int kMmaN = kWarpSplit ? kBlockN / Traits::kNWarps : kBlockN;  // a warp's keys of a block
+  using TileS = Shape<Int<kBlockM>, Int<kMmaN>>;  // the scores a warp's MMAs cover, rows by warp
 
   extern __shared__ __align__(128) char smem_buf[];
 
@@ -172,33 +179,43 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
             std::false_type{}, false);
   };
 
-  // Tensor cores: register fragments and the ldmatrix views that fill them.
+  // Tensor cores: register fragments and the ldmatrix views that fill them. thr_mma's rows are
+  // stacked by warp (the epilogue's); the operands' are warp 0's in the decode twin.
   typename Traits::TiledMma tiled_mma;
   auto thr_mma = tiled_mma.get_thread_slice(tid);
-  Tensor tSrQ = thr_mma.partition_fragment_A(sQ);    // (MMA,MMA_M,MMA_K)
-  Tensor tSrK = thr_mma.partition_fragment_B(sK);    // (MMA,MMA_N,MMA_K)
-  Tensor tOrVt = thr_mma.partition_fragment_B(sVt);  // (MMA,MMA_D,MMA_N)
+  const int warp = tid / 32;
+  const int mma_tid = kWarpSplit ? tid % 32 : tid;
+  const int warp_n0 = kWarpSplit ? warp * kMmaN : 0;  // the first key of this warp's part of a block
+  auto warp_part = [&](auto const& t, auto tiler, auto coord) {  // this warp's keys of a K or V^T tile
+    if constexpr (kWarpSplit) return local_tile(t, tiler, coord); else return t;
+  };
+  Tensor sK_mma = warp_part(sK, Shape<Int<kMmaN>, Int<kHeadDim>>{}, make_coord(warp, 0));    // (MMA_N keys,D)
+  Tensor sVt_mma = warp_part(sVt, Shape<Int<kHeadDim>, Int<kMmaN>>{}, make_coord(0, warp));  // (D,MMA_N keys)
+  auto thr_mma_op = tiled_mma.get_thread_slice(mma_tid);
+  Tensor tSrQ = thr_mma_op.partition_fragment_A(sQ);        // (MMA,MMA_M,MMA_K)
+  Tensor tSrK = thr_mma_op.partition_fragment_B(sK_mma);    // (MMA,MMA_N,MMA_K)
+  Tensor tOrVt = thr_mma_op.partition_fragment_B(sVt_mma);  // (MMA,MMA_D,MMA_N)
   auto smem_copy_q = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, tiled_mma);
   auto smem_copy_k = make_tiled_copy_B(typename Traits::SmemCopyAtom{}, tiled_mma);
   auto smem_copy_v = make_tiled_copy_B(typename Traits::SmemCopyAtomTransposed{}, tiled_mma);
-  auto smem_thr_copy_q = smem_copy_q.get_thread_slice(tid);
-  auto smem_thr_copy_k = smem_copy_k.get_thread_slice(tid);
-  auto smem_thr_copy_v = smem_copy_v.get_thread_slice(tid);
-  Tensor tSsQ = smem_thr_copy_q.partition_S(sQ);       // (CPY,MMA_M,MMA_K)
-  Tensor tSrQ_view = smem_thr_copy_q.retile_D(tSrQ);   // (CPY,MMA_M,MMA_K)
-  Tensor tSsK = smem_thr_copy_k.partition_S(sK);       // (CPY,MMA_N,MMA_K)
-  Tensor tSrK_view = smem_thr_copy_k.retile_D(tSrK);   // (CPY,MMA_N,MMA_K)
-  Tensor tOsVt = smem_thr_copy_v.partition_S(sVt);     // (CPY,MMA_D,MMA_N)
-  Tensor tOrVt_view = smem_thr_copy_v.retile_D(tOrVt); // (CPY,MMA_D,MMA_N)
+  auto smem_thr_copy_q = smem_copy_q.get_thread_slice(mma_tid);
+  auto smem_thr_copy_k = smem_copy_k.get_thread_slice(mma_tid);
+  auto smem_thr_copy_v = smem_copy_v.get_thread_slice(mma_tid);
+  Tensor tSsQ = smem_thr_copy_q.partition_S(sQ);          // (CPY,MMA_M,MMA_K)
+  Tensor tSrQ_view = smem_thr_copy_q.retile_D(tSrQ);      // (CPY,MMA_M,MMA_K)
+  Tensor tSsK = smem_thr_copy_k.partition_S(sK_mma);      // (CPY,MMA_N,MMA_K)
+  Tensor tSrK_view = smem_thr_copy_k.retile_D(tSrK);      // (CPY,MMA_N,MMA_K)
+  Tensor tOsVt = smem_thr_copy_v.partition_S(sVt_mma);    // (CPY,MMA_D,MMA_N)
+  Tensor tOrVt_view = smem_thr_copy_v.retile_D(tOrVt);    // (CPY,MMA_D,MMA_N)
 
   Tensor acc_o = partition_fragment_C(tiled_mma, TileQ{});  // (MMA,MMA_M,MMA_D), fp32
   Tensor acc_o_rc = rowcol_view(acc_o);                     // ((2,MMA_M),(2,MMA_D))
-  Tensor tScS = rowcol_view(thr_mma.partition_C(make_identity_tensor(TileS{})));  // ((2,MMA_M),(2,MMA_N)) -> (row,col)
+  Tensor tScS = rowcol_view(thr_mma_op.partition_C(make_identity_tensor(TileS{})));  // ((2,MMA_M),(2,MMA_N)) -> (row,col)
   clear(acc_o);
 
   CUTE_STATIC_ASSERT_V(size<1>(tSrQ) == size<1>(acc_o));            // both cover this warp's rows
   CUTE_STATIC_ASSERT_V(size<2>(tSrQ) == Int<kHeadDim / 16>{});       // k16 slices of the head dim
-  CUTE_STATIC_ASSERT_V(size<2>(tOrVt) == Int<kBlockN / 16>{});       // k16 slices of a key block
+  CUTE_STATIC_ASSERT_V(size<2>(tOrVt) == Int<kMmaN / 16>{});         // k16 slices of a warp's keys of a block
 
   // Prologue: Q and the last (possibly ragged) K block.
   load_tile<true>(gmem_tiled_copy, tQgQ, tQsQ, tQcQ, q_rows, params.head_dim);
@@ -317,7 +334,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
       for (int i = 0; i < size(acc_s); ++i) acc_s(i) = tanhf(acc_s(i) * softcap_prescale);
     }
     Tensor scores = rowcol_view(acc_s);  // ((2,MMA_M),(2,MMA_N))
-    if (mask.tile_needs_mask(m0, kBlockM, n0, kBlockN)) mask.apply(scores, tScS, m0, n0);
+    if (mask.tile_needs_mask(m0, kBlockM, n0, kBlockN)) mask.apply(scores, tScS, m0, n0 + warp_n0);
     cp_async_wait<2 * kKvStages - 2>();
     // V[n_block] has landed for every thread.
     __syncthreads();
@@ -356,6 +373,64 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
   // Epilogue: normalise, stage O through shared memory, store 16 B per thread.
   float lse[decltype(size<0>(acc_o_rc))::value];
   softmax.finalize(acc_o_rc, lse);
+  if constexpr (kWarpSplit) {
+    // merge_warps: warps 1-3 hand their rows 0-15 (normalised O and lse, in fragment order, the
+    // same in every warp) to warp 0 through the free K/V buffers, and warp 0 merges them into its
+    // own as the combine kernel merges splits: weights e^(lse_w - lse), NaN kept. Warp 0's rows
+    // are the tile's rows; the epilogue reads the other warps' as rows 16-63, past the call's.
+    constexpr int kWarps = Traits::kNWarps;
+    constexpr int kFrag = decltype(size(acc_o))::value;
+    constexpr int kRows = decltype(size<0>(acc_o_rc))::value;
+    constexpr int kPart = (kFrag + kRows) * 32;  // one warp's partial: O, then lse, lane fastest
+    float* red = reinterpret_cast<float*>(smem_buf + size(sQ) * int(sizeof(Element)));  // (kWarps - 1) partials
+    static_assert((kWarps - 1) * kPart * 4 <= 2 * kBlockN * kHeadDim * int(sizeof(Element)),
+                  "the warps' partials must fit the first K/V pair");
+    const int lane = tid % 32;
+    cp_async_wait<0>();
+    // Every warp is done with K and V, and no cp.async writes them any more.
+    __syncthreads();
+    if (warp > 0) {
+      float* mine = red + (warp - 1) * kPart + lane;
+      CUTE_UNROLL
+      for (int i = 0; i < kRows; ++i) {
+        CUTE_UNROLL
+        for (int j = 0; j < size<1>(acc_o_rc); ++j) mine[int(acc_o_rc.layout()(i, j)) * 32] = acc_o_rc(i, j);
+        mine[(kFrag + i) * 32] = lse[i];
+      }
+    }
+    // The partials are in shared memory before warp 0 reads them.
+    __syncthreads();
+    if (warp == 0) {
+      float weight[kWarps][kRows];  // e^(lse_w - lse) for warp w's rows
+      CUTE_UNROLL
+      for (int i = 0; i < kRows; ++i) {
+        float lse_w[kWarps];
+        lse_w[0] = lse[i];
+        CUTE_UNROLL
+        for (int w = 1; w < kWarps; ++w) lse_w[w] = red[(w - 1) * kPart + (kFrag + i) * 32 + lane];
+        float max_lse = lse_w[0];
+        CUTE_UNROLL
+        for (int w = 1; w < kWarps; ++w) max_lse = max_nan(max_lse, lse_w[w]);
+        float sum = 0.f;
+        CUTE_UNROLL
+        for (int w = 0; w < kWarps; ++w) sum += max_lse == -INFINITY ? 0.f : expf(lse_w[w] - max_lse);
+        lse[i] = max_lse == -INFINITY ? -INFINITY : max_lse + logf(sum);
+        CUTE_UNROLL
+        for (int w = 0; w < kWarps; ++w) weight[w][i] = lse[i] == -INFINITY ? 0.f : expf(lse_w[w] - lse[i]);
+      }
+      CUTE_UNROLL
+      for (int i = 0; i < kRows; ++i) {
+        CUTE_UNROLL
+        for (int j = 0; j < size<1>(acc_o_rc); ++j) {
+          const int f = int(acc_o_rc.layout()(i, j));  // where the other warps put it
+          float o = weight[0][i] * acc_o_rc(i, j);
+          CUTE_UNROLL
+          for (int w = 1; w < kWarps; ++w) o += weight[w][i] * red[(w - 1) * kPart + f * 32 + lane];
+          acc_o_rc(i, j) = o;
+        }
+      }
+    }
+  }
 
   if constexpr (Traits::kSplitKv) {
     if (params.num_splits > 1) {

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "flashcute/common/merge.hpp"
 #include "flashcute/common/params.hpp"
 #include "flashcute/common/seqlen.hpp"
 #include "flashcute/common/status.hpp"
@@ -78,10 +79,6 @@ __device__ void store4(T* dst, float4 x) {
     *reinterpret_cast<uint2*>(dst) = make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
   }
 }
-
-// max(a, b), NaN if either is NaN (fmaxf drops it): a NaN partial (a key on a page outside the
-// cache) keeps its row NaN even where every other split is empty.
-__device__ inline float max_nan(float a, float b) { return a > b || a != a ? a : b; }
 
 // One warp per output row (b, h, s). Lane l holds the lse of splits l, l + 32, ...; the warp
 // reduces their max and sum, then each lane accumulates 4 columns at a time over the splits, in

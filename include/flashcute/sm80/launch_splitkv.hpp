@@ -1,11 +1,15 @@
 // flashcute/sm80/launch_splitkv.hpp: host-side launch of one sm80 KV-cache (split-KV) kernel.
 //
-// Defines sm80::launch_splitkv<dtype, head dim>, which common/launch.hpp declares; a generated
-// translation unit instantiates one (see launch_fwd.hpp). The forward's variant Variant::kSplitkv:
-// the same kernel as the forward, built from the KV-cache tile table (default_splitkv_config). The append before it and the combine
-// after it are dtype-generic kernels of their own (sm80/kernel_kvcache.hpp); host/dispatch.hpp
-// sequences the three.
+// Defines sm80::launch_splitkv<dtype, head dim> and its decode twin launch_splitkv_decode, which
+// common/launch.hpp declares; a generated translation unit instantiates one (see launch_fwd.hpp).
+// The forward's variant Variant::kSplitkv: the same kernel as the forward, built from the KV-cache
+// tile table (default_splitkv_config; decode_splitkv_config for calls of at most kDecodeRows query
+// rows, which host/dispatch.hpp sends to the twin). The append before it and the combine after it
+// are dtype-generic kernels of their own (sm80/kernel_kvcache.hpp); host/dispatch.hpp sequences
+// the three.
 #pragma once
+
+#include <string>
 
 #include "flashcute/sm80/launch_fwd.hpp"
 
@@ -17,6 +21,17 @@ template <DType kDType, int kHeadDim>
 Status launch_splitkv(const FwdParams& params, cudaStream_t stream) {
   static_assert(validate(default_splitkv_config(kHeadDim)) == nullptr, "no valid sm80 KV-cache config for this head dim");
   return launch_fwd_with<FwdTraits<kDType, default_splitkv_config(kHeadDim)>>(params, stream);
+}
+
+// The decode twin: the same preconditions, and params.seqlen_q <= kDecodeRows (it computes the
+// first 16 rows of its one Q tile only).
+template <DType kDType, int kHeadDim>
+Status launch_splitkv_decode(const FwdParams& params, cudaStream_t stream) {
+  static_assert(validate(decode_splitkv_config(kHeadDim)) == nullptr, "no valid sm80 decode config for this head dim");
+  if (params.seqlen_q > kDecodeRows)
+    return Status::invalid_argument("q", "at most " + std::to_string(kDecodeRows) + " query rows for the decode kernel",
+                                    std::to_string(params.seqlen_q));
+  return launch_fwd_with<FwdTraits<kDType, decode_splitkv_config(kHeadDim)>>(params, stream);
 }
 
 }  // namespace flashcute::sm80
