@@ -36,6 +36,18 @@ TEST(TileTable, EveryCatalogHeadDimHasAValidSplitKvConfig) {
   }
 }
 
+TEST(TileTable, EveryCatalogHeadDimHasAValidDecodeConfig) {
+  for (int hd : flashcute::kKernelHeadDims) {
+    const FwdConfig cfg = flashcute::sm80::decode_splitkv_config(hd);
+    FwdConfig plain = cfg;
+    plain.warp_split = false;
+    EXPECT_TRUE(cfg.warp_split) << "head dim " << hd;
+    EXPECT_EQ(plain.smem_bytes(), flashcute::sm80::default_splitkv_config(hd).smem_bytes()) << "head dim " << hd;
+    const char* err = flashcute::sm80::validate(cfg);
+    EXPECT_EQ(err, nullptr) << "head dim " << hd << ": " << err;
+  }
+}
+
 TEST(TileTable, ValidateNamesTheBrokenRule) {
   struct Bad {
     FwdConfig cfg;
@@ -61,6 +73,11 @@ TEST(TileTable, ValidateNamesTheBrokenRule) {
        "kv_stages must be 1, or at least 2 for the KV-cache kernel (split_kv)"},
       {{.head_dim = 128, .block_m = 128, .block_n = 48, .num_warps = 8},
        "block_n must be a multiple of the loader's rows per step"},
+      {{.head_dim = 128, .block_m = 64, .block_n = 128, .num_warps = 4, .warp_split = true},
+       "warp_split needs split_kv, 4 warps and block_n a multiple of 64 (a warp's quarter in k16 steps)"},
+      {{.head_dim = 128, .block_m = 64, .block_n = 96, .num_warps = 4, .split_kv = true, .kv_stages = 2,
+        .warp_split = true},
+       "warp_split needs split_kv, 4 warps and block_n a multiple of 64 (a warp's quarter in k16 steps)"},
   };
   for (const Bad& bad : cases) {
     const char* err = flashcute::sm80::validate(bad.cfg);

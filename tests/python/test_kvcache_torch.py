@@ -58,6 +58,7 @@ CASES = [
     Case(3, 3, 2, 1, 40, 160, page=32, new=3, softcap=15.0, num_splits=1),  # padded head dim
     Case(1, 1, 16, 2, 128, 20000, page=128, new=1, causal=True),         # long: many splits
     Case(4, 1, 8, 8, 64, 113, new=1),                                    # 1:1, odd capacity
+    Case(2, 1, 32, 2, 128, 700, page=16, new=1),                         # 16:1: 16 rows, the decode kernel's most
 ]
 
 
