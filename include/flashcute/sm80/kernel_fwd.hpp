@@ -146,7 +146,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
   auto load_kv = [&](auto& tXgX, auto& tXsX, int n_block, auto check_rows_tag, int max_rows, int64_t page_stride,
                      int64_t row_stride, auto is_k_tag, bool pages_in_smem) FLASHCUTE_INLINE {
     constexpr bool kCheckRows = decltype(check_rows_tag)::value;
-    constexpr bool kIsK = decltype(is_k_tag)::value;  // K: look the pages up, NaN-fill bad rows
+    [[maybe_unused]] constexpr bool kIsK = decltype(is_k_tag)::value;  // K: look the pages up, NaN-fill bad rows
     if constexpr (Traits::kSplitKv) {
       if (paged) {
         if (kIsK && pages_in_smem) {  // all rows' pages first: the cp.asyncs would hold each read back
