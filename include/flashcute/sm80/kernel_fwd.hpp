@@ -401,31 +401,23 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
     // The partials are in shared memory before warp 0 reads them.
     __syncthreads();
     if (warp == 0) {
-      float weight[kWarps][kRows];  // e^(lse_w - lse) for warp w's rows
+      float weight[kRows][kWarps];  // e^(lse_w - lse) for warp w's part of row i
       CUTE_UNROLL
       for (int i = 0; i < kRows; ++i) {
         float lse_w[kWarps];
         lse_w[0] = lse[i];
         CUTE_UNROLL
         for (int w = 1; w < kWarps; ++w) lse_w[w] = red[(w - 1) * kPart + (kFrag + i) * 32 + lane];
-        float max_lse = lse_w[0];
-        CUTE_UNROLL
-        for (int w = 1; w < kWarps; ++w) max_lse = max_nan(max_lse, lse_w[w]);
-        float sum = 0.f;
-        CUTE_UNROLL
-        for (int w = 0; w < kWarps; ++w) sum += max_lse == -INFINITY ? 0.f : expf(lse_w[w] - max_lse);
-        lse[i] = max_lse == -INFINITY ? -INFINITY : max_lse + logf(sum);
-        CUTE_UNROLL
-        for (int w = 0; w < kWarps; ++w) weight[w][i] = lse[i] == -INFINITY ? 0.f : expf(lse_w[w] - lse[i]);
+        lse[i] = merge_lse(lse_w, weight[i]);
       }
       CUTE_UNROLL
       for (int i = 0; i < kRows; ++i) {
         CUTE_UNROLL
         for (int j = 0; j < size<1>(acc_o_rc); ++j) {
           const int f = int(acc_o_rc.layout()(i, j));  // where the other warps put it
-          float o = weight[0][i] * acc_o_rc(i, j);
+          float o = weight[i][0] * acc_o_rc(i, j);
           CUTE_UNROLL
-          for (int w = 1; w < kWarps; ++w) o += weight[w][i] * red[(w - 1) * kPart + f * 32 + lane];
+          for (int w = 1; w < kWarps; ++w) o += weight[i][w] * red[(w - 1) * kPart + f * 32 + lane];
           acc_o_rc(i, j) = o;
         }
       }
