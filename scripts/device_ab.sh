@@ -19,8 +19,9 @@
 # Environment: DIMS (A's head dims, default 64,128,256), DTYPES (default bf16), BENCH_ARGS (more
 # bench arguments, e.g. "--seqlens 1024,8192"), BENCH=decode (time `flashcute.bench decode` at the
 # first head dim of each build instead of the forward grid; builds the KV-cache kernels), PYTEST (pytest targets run on A, e.g.
-# tests/python/test_forward_path.py), NCU=1 (ncu --set full on A over scripts/ncu_fwd.py; NCU_SHAPES
-# picks its shapes, e.g. 64:causal:1024), PYTEST_TIMEOUT (seconds one test may take, default 120),
+# tests/python/test_forward_path.py), NCU=1 (ncu --set full on A over scripts/ncu_fwd.py, or with
+# BENCH=decode scripts/ncu_decode.py; NCU_SHAPES picks its shapes, e.g. 64:causal:1024 or 16:16384),
+# PYTEST_TIMEOUT (seconds one test may take, default 120),
 # BENCH_TIMEOUT (seconds one bench run may take, default 240: a variant that hangs loses its own
 # runs only), EXTRA (a shell command run last with A's package on PYTHONPATH, e.g. a bench with
 # FLASHCUTE_SM90_TILES set; its output goes to the log).
@@ -87,13 +88,19 @@ bench() {  # bench REP
   --timeout-method=thread $PYTEST -q -rs 2>&1 | tail -25
 bench 1
 if [[ -n "${NCU:-}" ]]; then
+  ncu_target=(scripts/ncu_fwd.py)
+  [[ "${BENCH:-fwd}" == decode ]] && ncu_target=(scripts/ncu_decode.py --headdim "${DIMS%%,*}")
   PYTHONPATH="$WORK/pkg_A" timeout 300 ncu --clock-control none --set full --nvtx --nvtx-include "prof/" \
-    -o "$WORK/prof" -f python3 scripts/ncu_fwd.py ${NCU_SHAPES:+--shapes "$NCU_SHAPES"} > "$WORK/ncu.log" 2>&1
+    -o "$WORK/prof" -f python3 "${ncu_target[@]}" ${NCU_SHAPES:+--shapes "$NCU_SHAPES"} > "$WORK/ncu.log" 2>&1
   echo "ncu: rc $?"
   ncu --import "$WORK/prof.ncu-rep" --page details > "$WORK/ncu_details.txt" 2>&1
   ncu --import "$WORK/prof.ncu-rep" --page raw --csv > "$WORK/ncu_raw.csv" 2>&1
   ncu --import "$WORK/prof.ncu-rep" --page source --csv --print-source sass --kernel-name regex:fwd_kernel \
     --launch-count 1 > "$WORK/ncu_source_first.csv" 2>&1
+  if [[ "${BENCH:-fwd}" == decode ]]; then
+    ncu --import "$WORK/prof.ncu-rep" --page source --csv --print-source sass --kernel-name regex:combine_kernel \
+      --launch-count 1 > "$WORK/ncu_source_combine.csv" 2>&1
+  fi
   rm -f "$WORK/prof.ncu-rep"
 fi
 bench 2
