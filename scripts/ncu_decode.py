@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flashcute
+from ncu_fwd import profile_once  # scripts/, the running script's folder
 
 
 def main() -> None:
@@ -59,13 +60,7 @@ def main() -> None:
                 def call(backend=backends[impl]):
                     with sdpa_kernel(backend):
                         return F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=h != hk)
-            call()
-            torch.cuda.synchronize()
-            torch.cuda.nvtx.range_push("prof")
-            call()
-            torch.cuda.synchronize()
-            torch.cuda.nvtx.range_pop()
-            print(f"profiled {impl} batch={b} seqlen_k={sk} heads={h}:{hk} d={d}", flush=True)
+            profile_once(call, f"{impl} batch={b} seqlen_k={sk} heads={h}:{hk} d={d}")
 
 
 if __name__ == "__main__":

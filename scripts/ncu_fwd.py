@@ -23,6 +23,17 @@ import flashcute
 DEFAULT_SHAPES = "128:full:1024,128:causal:1024,256:full:4096,256:causal:1024,64:full:4096"
 
 
+def profile_once(call, label: str) -> None:
+    """Runs call once untimed, then once inside the NVTX range "prof" that ncu's --nvtx-include picks."""
+    call()
+    torch.cuda.synchronize()
+    torch.cuda.nvtx.range_push("prof")
+    call()
+    torch.cuda.synchronize()
+    torch.cuda.nvtx.range_pop()
+    print(f"profiled {label}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--impls", default="flashcute,cudnn", help="flashcute, cudnn, flash (SDPA backends)")
@@ -44,13 +55,7 @@ def main() -> None:
                 def call(backend=backends[impl]):
                     with sdpa_kernel(backend):
                         return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
-            call()
-            torch.cuda.synchronize()
-            torch.cuda.nvtx.range_push("prof")
-            call()
-            torch.cuda.synchronize()
-            torch.cuda.nvtx.range_pop()
-            print(f"profiled {impl} d={d} {mask} s={s} b={b} h={h}", flush=True)
+            profile_once(call, f"{impl} d={d} {mask} s={s} b={b} h={h}")
 
 
 if __name__ == "__main__":
