@@ -116,7 +116,7 @@ constexpr FwdConfig default_splitkv_config(int head_dim) {
 inline constexpr int kDecodeRows = 16;
 // Its tiles: the KV-cache kernel's. A kernel of its own, not a runtime branch of that one: with
 // both loops in one kernel the decode loop sat past the other in the code, and each short-lived
-// CTA stalled on instruction fetches (docs/perf-notes.md, decode, v29).
+// CTA stalled on instruction fetches (docs/perf-notes.md, decode).
 constexpr FwdConfig decode_splitkv_config(int head_dim) {
   FwdConfig cfg = default_splitkv_config(head_dim);
   cfg.warp_split = cfg.head_dim != 0;
