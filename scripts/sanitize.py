@@ -207,6 +207,9 @@ KV_CASES: tuple[KvCase, ...] = (
     KvCase("kv-paged64-multi-causal", 2, 4, 4, 4, 64, 256, page=64, causal=True, num_splits=3),
     KvCase("kv-contig-mqa", 3, 1, 4, 1, 128, 300, append=False),
     KvCase("kv-paged32-garbage", 2, 1, 4, 2, 64, 128, page=32, garbage=True),
+    # Blocks past the first two: the main loop's loads, through the page slots (one split).
+    KvCase("kv-paged16-long", 2, 1, 8, 2, 64, 1024, page=16, num_splits=1),
+    KvCase("kv-paged32-garbage-long", 2, 1, 4, 2, 128, 1024, page=32, garbage=True, num_splits=1),
     # 64 queries and more: the sm90 kernels on an H100 / H200 (boxes, mended blocks, whole blocks).
     KvCase("kv-prefill-paged16", 2, 80, 4, 2, 128, 320, page=16, causal=True),
     KvCase("kv-prefill-contig", 2, 64, 4, 1, 64, 200),
@@ -232,7 +235,7 @@ def run_kvcache(case: KvCase, dtype: torch.dtype, seed: int) -> tuple[bool, str]
     kn, vn = (torch.randn(b, new, hk, d, generator=gen).to(dtype) for _ in range(2)) if new else (None, None)
     lens = [int(x) for x in torch.randint(0, case.capacity - new + 1, (b,), generator=gen)]
     if case.garbage:
-        table[0, 0], table[-1, -1] = -3, 1 << 30
+        table[0, 0], table[-1, -1], table[-1, 0] = -3, 1 << 30, -3  # sequence 1: its first and last pages
         lens = [-7, 1 << 30][:b]
     dev = [None if x is None else x.to(DEVICE) for x in (q, kc, vc, kn, vn, table)]
     seqlens = torch.tensor(lens, dtype=torch.int32).to(DEVICE)
@@ -240,7 +243,7 @@ def run_kvcache(case: KvCase, dtype: torch.dtype, seed: int) -> tuple[bool, str]
                                                  block_table=dev[5], causal=case.causal, num_splits=case.num_splits,
                                                  return_lse=True)
     torch.cuda.synchronize()
-    if case.garbage:  # sequence 0 has no keys (out 0); sequence 1 sees all 128, its last page out of range
+    if case.garbage:  # sequence 0 has no keys (out 0); sequence 1 sees them all, its first and last pages out of range
         ok = bool((out[0] == 0).all()) and bool(torch.isnan(out[1]).all()) and bool(torch.isnan(lse[1]).all())
         return ok, "ran with out-of-range pages and lengths; NaN exactly where a row sees a bad page"
     kc2, vc2 = dev[1].cpu(), dev[2].cpu()

@@ -320,10 +320,11 @@ def test_garbage_cache_seqlens_stay_inside_the_cache(torch):
 def test_bad_page_gives_nan_rows(torch, bad, num_splits):
     """A block_table entry outside [0, num_pages) is never read or written: the query rows that see
     a key on it are NaN (out and lse), every other row is finite and right, the append drops the
-    keys that land on it, and nothing outside the cache is touched. Causal, 4 queries, 256-key
-    blocks: entry 0's bad page is in its first block, entry 2's holds its last two keys (seen by
-    queries 2 and 3 only), entry 3 has one key block (with 3 splits, the only split that has keys
-    is NaN), entry 1 is untouched."""
+    keys that land on it, and nothing outside the cache is touched. Causal, 4 queries, 128-key
+    blocks: entry 0's bad page is in its first block (of five: with one split, a main-loop load
+    through the page slots), entry 2's holds its last two keys (seen by queries 2 and 3 only),
+    entry 3 has one key block (with 3 splits, the only split that has keys is NaN), entry 1 is
+    untouched."""
     _require_kvcache("bfloat16", 64)
     c = Case(4, 4, 4, 2, 64, 640, page=16, new=4, causal=True, num_splits=num_splits)
     g = torch.Generator(device="cuda").manual_seed(21)

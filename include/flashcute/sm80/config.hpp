@@ -43,13 +43,14 @@ struct FwdConfig {
   constexpr int num_threads() const { return num_warps * 32; }
   // Shared memory row atom: 64 halves (128 B) when the head dim allows, else 32 (64 B).
   constexpr int smem_atom_cols() const { return head_dim % 64 == 0 ? 64 : 32; }
-  // Dynamic shared memory: the Q tile, kv_stages K and V tiles, then for the KV-cache kernel the
-  // page numbers of one key block (pages hold at least 16 keys) from page_slots_offset() on.
+  // Dynamic shared memory: the Q tile, kv_stages K and V tiles, then for the KV-cache kernel one
+  // key block's page slots (pages hold at least 16 keys; a K and a V offset each, 16 bytes) from
+  // page_slots_offset() on.
   constexpr int page_slots_offset(int element_bytes = 2) const {
     return (block_m + 2 * kv_stages * block_n) * head_dim * element_bytes;
   }
   constexpr int smem_bytes(int element_bytes = 2) const {
-    return page_slots_offset(element_bytes) + (split_kv ? block_n / 16 * 4 : 0);
+    return page_slots_offset(element_bytes) + (split_kv ? block_n / 16 * 16 : 0);
   }
 };
 

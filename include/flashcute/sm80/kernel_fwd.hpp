@@ -129,54 +129,58 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
   Tensor tKVcKV = gmem_thr_copy.partition_S(cKV);  // (CPY,CPY_N,CPY_K)
 
   // K and V block loads. A paged cache (KV-cache kernel only) gathers each row from its page:
-  // row r of block n is key n * kBlockN + r, at its page's offset instead of r * row_stride. A K
-  // load looks the pages of its rows up in the block table; the V load of the same block, which
-  // the KV-cache kernel always issues right after it, reuses them from row_page. A row on a page
-  // outside the cache is not read: its K row is NaN, so exactly the query rows that see the key
-  // get NaN scores (the mask overwrites the others with -inf), and its V row is zero, so P = 0
-  // keeps the rows that do not see it finite.
-  // In the main loop the K load takes its rows' pages from s_pages, where step_kv put the block's
-  // page numbers (one thread a page, read from the table during the step before); the prologue's
-  // loads read the table. A lookup in the table costs the loads an L2 round trip, with only the
-  // other stage in flight (docs/perf-notes.md, decode).
+  // row r of block n is key n * kBlockN + r, on its page instead of r rows past the base. A row
+  // on a page outside the cache is not read: its K row is NaN, so exactly the query rows that see
+  // the key get NaN scores (the mask overwrites the others with -inf), and its V row is zero, so
+  // P = 0 keeps the rows that do not see it finite.
+  // The prologue's K loads look their rows' pages up in the block table, and the V load of the
+  // same block, issued right after, reuses them from row_page. In the main loop step_kv has put
+  // the block's slots in s_slots (one thread a page, read from the table during the step before):
+  // for each page the block touches, the addresses of its first key there in K and in V (0: not
+  // in the cache), so that a row's address is a shared-memory load and a multiply-add
+  // (docs/perf-notes.md, decode).
   const bool paged = Traits::kSplitKv && params.block_table != nullptr;
   const PagedKv pages(params, batch);  // read only when paged
   int row_page[decltype(size<1>(tKVcKV))::value];  // the page of each row this thread loads
-  int* s_pages = reinterpret_cast<int*>(smem_buf + Traits::kPageSlotsOffset);  // (kBlockN / 16): one block's pages
-  auto load_kv = [&](auto& tXgX, auto& tXsX, int n_block, auto check_rows_tag, int max_rows, int64_t page_stride,
-                     int64_t row_stride, auto is_k_tag, bool pages_in_smem) FLASHCUTE_INLINE {
+  // (kBlockN / 16, 2): one block's slots, K's address then V's
+  uint64_t* s_slots = reinterpret_cast<uint64_t*>(smem_buf + Traits::kPageSlotsOffset);
+  constexpr std::true_type kSlots{};     // a paged load finds its rows through s_slots (main loop)
+  constexpr std::false_type kNoSlots{};  // ... through the block table (prologue), or not paged
+  auto load_kv = [&](auto& tXgX, auto& tXsX, Element const* base, int n_block, auto check_rows_tag, int max_rows,
+                     int64_t page_stride, int64_t row_stride, auto is_k_tag, auto from_slots_tag) FLASHCUTE_INLINE {
     constexpr bool kCheckRows = decltype(check_rows_tag)::value;
     [[maybe_unused]] constexpr bool kIsK = decltype(is_k_tag)::value;  // K: look the pages up, NaN-fill bad rows
+    [[maybe_unused]] constexpr bool kFromSlots = decltype(from_slots_tag)::value;
     if constexpr (Traits::kSplitKv) {
       if (paged) {
-        if (kIsK && pages_in_smem) {  // all rows' pages first: the cp.asyncs would hold each read back
-          const int first_index = pages.index_of(n_block * kBlockN);
-          CUTE_UNROLL
-          for (int m = 0; m < size<1>(tKVcKV); ++m)
-            row_page[m] = s_pages[pages.index_of(n_block * kBlockN + get<0>(tKVcKV(0, m, 0))) - first_index];
-        }
         auto row_at = [&](int m, int r) {
-          const int key = n_block * kBlockN + r;
-          if (kIsK && !pages_in_smem) row_page[m] = pages.page_of(key);
-          return GatherRow{pages.offset(row_page[m], key, page_stride, row_stride) - r * row_stride,
-                           pages.valid(row_page[m])};
+          if constexpr (kFromSlots) {  // r & mask: r's row on its page (r itself on a page longer than a block)
+            const uint64_t first = s_slots[2 * (r >> pages.log2) + (kIsK ? 0 : 1)];
+            const uint32_t on_page = uint32_t(r) & ((1u << pages.log2) - 1);
+            const uint64_t row = first + on_page * uint64_t(row_stride * sizeof(Element));
+            return GatherRow<Element>{reinterpret_cast<Element const*>(row), first != 0};
+          } else {
+            const int key = n_block * kBlockN + r;
+            if (kIsK) row_page[m] = pages.page_of(key);
+            return GatherRow<Element>{base + pages.offset(row_page[m], key, page_stride, row_stride),
+                                      pages.valid(row_page[m])};
+          }
         };
-        load_tile_gather<kCheckRows, kIsK>(gmem_tiled_copy, tXgX(_, _, _, 0), tXsX, tKVcKV, row_at, max_rows,
-                                           params.head_dim);
+        load_tile_gather<kCheckRows, kIsK>(tXgX(_, _, _, 0), tXsX, tKVcKV, row_at, max_rows, params.head_dim);
         return;
       }
     }
     load_tile<kCheckRows>(gmem_tiled_copy, tXgX(_, _, _, n_block), tXsX, tKVcKV, max_rows, params.head_dim);
   };
-  auto load_k = [&](int n_block, auto check_rows_tag, int max_rows, bool pages_in_smem = false) FLASHCUTE_INLINE {
+  auto load_k = [&](int n_block, auto check_rows_tag, int max_rows, auto from_slots_tag) FLASHCUTE_INLINE {
     auto tKsK_stage = at_stage(tKsK, stage_of(n_block));
-    load_kv(tKgK, tKsK_stage, n_block, check_rows_tag, max_rows, params.k_batch_stride, params.k_row_stride,
-            std::true_type{}, pages_in_smem);
+    load_kv(tKgK, tKsK_stage, k_ptr, n_block, check_rows_tag, max_rows, params.k_batch_stride, params.k_row_stride,
+            std::true_type{}, from_slots_tag);
   };
-  auto load_v = [&](int n_block, auto check_rows_tag, int max_rows) FLASHCUTE_INLINE {
+  auto load_v = [&](int n_block, auto check_rows_tag, int max_rows, auto from_slots_tag) FLASHCUTE_INLINE {
     auto tVsV_stage = at_stage(tVsV, stage_of(n_block));
-    load_kv(tVgV, tVsV_stage, n_block, check_rows_tag, max_rows, params.v_batch_stride, params.v_row_stride,
-            std::false_type{}, false);
+    load_kv(tVgV, tVsV_stage, v_ptr, n_block, check_rows_tag, max_rows, params.v_batch_stride, params.v_row_stride,
+            std::false_type{}, from_slots_tag);
   };
 
   // Tensor cores: register fragments and the ldmatrix views that fill them. thr_mma's rows are
@@ -222,7 +226,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
   if constexpr (Traits::kQInRegs) cp_async_fence();  // Q in a group of its own
   if (n_block_max > n_block_min) {
     const int n0 = (n_block_max - 1) * kBlockN;
-    load_k(n_block_max - 1, std::true_type{}, seq.seqlen_k - n0);
+    load_k(n_block_max - 1, std::true_type{}, seq.seqlen_k - n0, kNoSlots);
   }
   cp_async_fence();
   if constexpr (Traits::kSplitKv) {
@@ -230,14 +234,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
     // pairs before it, each tile a group of its own (step_kv counts them).
     if (n_block_max > n_block_min) {
       const int n0 = (n_block_max - 1) * kBlockN;
-      load_v(n_block_max - 1, std::true_type{}, seq.seqlen_k - n0);
+      load_v(n_block_max - 1, std::true_type{}, seq.seqlen_k - n0, kNoSlots);
     }
     cp_async_fence();
     CUTE_UNROLL
     for (int i = 1; i < kKvStages; ++i) {
-      if (n_block_max - 1 - i >= n_block_min) load_k(n_block_max - 1 - i, std::false_type{}, kBlockN);
+      const int n_block = n_block_max - 1 - i;
+      if (n_block >= n_block_min) load_k(n_block, std::false_type{}, kBlockN, kNoSlots);
       cp_async_fence();
-      if (n_block_max - 1 - i >= n_block_min) load_v(n_block_max - 1 - i, std::false_type{}, kBlockN);
+      if (n_block >= n_block_min) load_v(n_block, std::false_type{}, kBlockN, kNoSlots);
       cp_async_fence();
     }
   }
@@ -269,9 +274,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
     __syncthreads();
     // Only the last block is ragged; Traits::kBranchFreeRefill row-predicates every block instead.
     if (Traits::kBranchFreeRefill || n0 + kBlockN > seq.seqlen_k) {
-      load_v(n_block, std::true_type{}, seq.seqlen_k - n0);
+      load_v(n_block, std::true_type{}, seq.seqlen_k - n0, kNoSlots);
     } else {
-      load_v(n_block, std::false_type{}, kBlockN);
+      load_v(n_block, std::false_type{}, kBlockN, kNoSlots);
     }
     cp_async_fence();
 
@@ -297,9 +302,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
     // The next block's keys (never ragged: only the last block is, and it was loaded first).
     if constexpr (Traits::kBranchFreeRefill) {
       // After the final block this loads zero rows; nothing reads sK after that.
-      load_k(max(n_block - 1, 0), std::true_type{}, n_block > n_block_min ? kBlockN : 0);
+      load_k(max(n_block - 1, 0), std::true_type{}, n_block > n_block_min ? kBlockN : 0, kNoSlots);
     } else if (n_block > n_block_min) {
-      load_k(n_block - 1, std::false_type{}, kBlockN);
+      load_k(n_block - 1, std::false_type{}, kBlockN, kNoSlots);
     }
     cp_async_fence();
 
@@ -320,7 +325,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
     const int n_next = n_block - kKvStages;  // the block this step's pair takes next
     Tensor acc_s = partition_fragment_C(tiled_mma, TileS{});  // (MMA,MMA_M,MMA_N), fp32
     clear(acc_s);
-    // Paged: block n_next's page numbers, one thread a page, stored to s_pages at the end.
+    // Paged: block n_next's slots, one thread a page, read from the table here and stored to
+    // s_slots after Q K^T.
     const bool fetch_page = paged && n_next >= n_block_min && tid <= ((kBlockN - 1) >> pages.log2);
     const int next_page =
         fetch_page ? pages.table[min(pages.index_of(n_next * kBlockN) + tid, pages.max_pages - 1)] : 0;
@@ -335,6 +341,17 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
     }
     Tensor scores = rowcol_view(acc_s);  // ((2,MMA_M),(2,MMA_N))
     if (mask.tile_needs_mask(m0, kBlockM, n0, kBlockN)) mask.apply(scores, tScS, m0, n0 + warp_n0);
+    // The fetched slots, once the table entry has had Q K^T's time to arrive. The loads of the
+    // step before read the old slots before the barrier above.
+    if (fetch_page) {
+      const uint32_t on_page = uint32_t(n_next * kBlockN) & ((1u << pages.log2) - 1);  // 0 unless pages > blocks
+      const auto slot = [&](Element const* base, int64_t page_stride, int64_t row_stride) {
+        return reinterpret_cast<uint64_t>(base + uint32_t(next_page) * page_stride + on_page * row_stride);
+      };
+      const bool valid = pages.valid(next_page);
+      s_slots[2 * tid] = valid ? slot(k_ptr, params.k_batch_stride, params.k_row_stride) : 0;
+      s_slots[2 * tid + 1] = valid ? slot(v_ptr, params.v_batch_stride, params.v_row_stride) : 0;
+    }
     cp_async_wait<2 * kKvStages - 2>();
     // V[n_block] has landed for every thread.
     __syncthreads();
@@ -342,13 +359,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
     Tensor rP = convert_fragment<Element>(acc_s);                        // (MMA,MMA_M,MMA_N)
     Tensor tOrP = make_tensor(rP.data(), acc_to_a_layout(rP.layout()));  // ((2,2,2),MMA_M,MMA_N/2)
     gemm_rs(tiled_mma, acc_o, tOrP, tOrVt, at_stage(tOsVt, stage), tOrVt_view, smem_copy_v);
-    if (fetch_page) s_pages[tid] = next_page;
-    // Every warp is done with this stage's K and V: they take block n_next, whose page numbers
-    // are now in s_pages.
+    // Every warp is done with this stage's K and V: they take block n_next, whose slots are in
+    // s_slots.
     __syncthreads();
-    if (n_next >= n_block_min) load_k(n_next, std::false_type{}, kBlockN, true);
+    if (n_next >= n_block_min) load_k(n_next, std::false_type{}, kBlockN, kSlots);
     cp_async_fence();
-    if (n_next >= n_block_min) load_v(n_next, std::false_type{}, kBlockN);
+    if (n_next >= n_block_min) load_v(n_next, std::false_type{}, kBlockN, kSlots);
     cp_async_fence();
   };
 
