@@ -143,6 +143,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
   const PagedKv pages(params, batch);  // read only when paged
   int row_page[decltype(size<1>(tKVcKV))::value];  // the page of each row this thread loads
   // (kBlockN / 16, 2): one block's slots, K's address then V's
+  static_assert(Traits::kPageSlotsOffset % 8 == 0, "the page slots are 8-byte words");
   uint64_t* s_slots = reinterpret_cast<uint64_t*>(smem_buf + Traits::kPageSlotsOffset);
   constexpr std::true_type kSlots{};     // a paged load finds its rows through s_slots (main loop)
   constexpr std::false_type kNoSlots{};  // ... through the block table (prologue), or not paged
