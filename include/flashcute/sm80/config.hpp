@@ -44,7 +44,7 @@ struct FwdConfig {
   // Shared memory row atom: 64 halves (128 B) when the head dim allows, else 32 (64 B).
   constexpr int smem_atom_cols() const { return head_dim % 64 == 0 ? 64 : 32; }
   // Dynamic shared memory: the Q tile, kv_stages K and V tiles, then for the KV-cache kernel one
-  // key block's page slots (pages hold at least 16 keys; a K and a V offset each, 16 bytes) from
+  // key block's page slots (pages hold at least 16 keys; a K and a V address each, 16 bytes) from
   // page_slots_offset() on.
   constexpr int page_slots_offset(int element_bytes = 2) const {
     return (block_m + 2 * kv_stages * block_n) * head_dim * element_bytes;

@@ -56,12 +56,13 @@ CUTE_DEVICE void cp_async_if(bool issue, uint32_t smem, void const* gmem, int sr
 }
 
 // load_tile for a tile whose rows are not evenly spaced in memory (a paged KV cache). src is the
-// partition of the tile (only its chunk layout is used); row_at(m, r) gives the GatherRow of the
-// thread's m-th row (tile row r). Called once per row, only for the rows that are loaded, all of
-// them before the first copy. A row that may not be read issues no cp.async; kNanBad (a K tile)
-// fills it with NaN, so every score that sees it is NaN, else (a V tile) with zeros. The fill is
-// the one branch, taken only where a page is bad; its stores are plain: the barrier before every
-// read of the tile publishes them.
+// partition of the tile as if its rows were contiguous: its addresses serve only the rows past
+// max_rows, zero-filled without a read. row_at(m, r) gives the GatherRow of the thread's m-th row
+// (tile row r). Called once per row, only for the rows that are loaded, all of them before the
+// first copy. A row that may not be read issues no cp.async; kNanBad (a K tile) fills it with
+// NaN, so every score that sees it is NaN, else (a V tile) with zeros. The fill is the one branch,
+// taken only where a page is bad; its stores are plain: the barrier before every read of the tile
+// publishes them.
 template <bool kCheckRows, bool kNanBad, class SrcTensor, class DstTensor, class CoordTensor, class RowAt>
 CUTE_DEVICE void load_tile_gather(SrcTensor const& src, DstTensor&& dst, CoordTensor const& coord, RowAt const& row_at,
                                   int max_rows, int max_cols) {
