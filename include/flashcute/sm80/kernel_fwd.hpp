@@ -23,6 +23,7 @@
 #include "flashcute/common/mask.hpp"
 #include "flashcute/common/merge.hpp"
 #include "flashcute/common/params.hpp"
+#include "flashcute/common/pdl.hpp"
 #include "flashcute/common/seqlen.hpp"
 #include "flashcute/common/softmax.hpp"
 #include "flashcute/sm80/copy.hpp"
@@ -386,6 +387,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
     for (; n_block >= n_full_min; --n_block) step(n_block, std::false_type{});
     for (; n_block >= n_block_min; --n_block) step(n_block, std::true_type{});
   }
+
+  // The combine after a KV-cache kernel (sm80/kernel_kvcache.hpp) may start once every CTA is here;
+  // it waits for this grid's end before reading. (At the kernel's start instead, it cost paged
+  // decode 2-7%: docs/perf-notes.md, decode.)
+  if constexpr (Traits::kSplitKv) allow_dependents();
 
   // Epilogue: normalise, stage O through shared memory, store 16 B per thread.
   float lse[decltype(size<0>(acc_o_rc))::value];

@@ -18,6 +18,7 @@
 
 #include "flashcute/common/merge.hpp"
 #include "flashcute/common/params.hpp"
+#include "flashcute/common/pdl.hpp"
 #include "flashcute/common/seqlen.hpp"
 #include "flashcute/common/status.hpp"
 #include "flashcute/common/types.hpp"
@@ -85,6 +86,8 @@ __device__ void store4(T* dst, float4 x) {
 // split order.
 // Empty splits have lse = -inf and weigh 0; a row no split saw gets out = 0 and lse = -inf; a row
 // with a NaN partial gets NaN.
+// Launched as a dependent of the split-KV kernel (common/pdl.hpp): it reads nothing before
+// wait_for_primary().
 template <class T>
 __global__ void __launch_bounds__(32 * kWarpsPerCta) combine_kernel(__grid_constant__ const FwdParams p) {
   constexpr int kSlots = kMaxSplits / 32;
@@ -96,6 +99,7 @@ __global__ void __launch_bounds__(32 * kWarpsPerCta) combine_kernel(__grid_const
   const int h = int(row / p.seqlen_q % p.nheads);
   const int b = int(row / (int64_t(p.seqlen_q) * p.nheads));
   const int64_t split_stride = rows;  // lse_accum is (num_splits, batch, nheads, seqlen_q)
+  wait_for_primary();
 
   float lse_part[kSlots];
   float max_lse = -INFINITY;
@@ -173,9 +177,10 @@ Status launch_combine(const FwdParams& p, DType dtype, cudaStream_t stream) {
   if (rows == 0) return Status::success();
   const dim3 grid{unsigned((rows + kvcache_detail::kWarpsPerCta - 1) / kvcache_detail::kWarpsPerCta)};
   const dim3 block{32 * kvcache_detail::kWarpsPerCta};
-  if (dtype == DType::kFloat16) kvcache_detail::combine_kernel<__half><<<grid, block, 0, stream>>>(p);
-  else kvcache_detail::combine_kernel<__nv_bfloat16><<<grid, block, 0, stream>>>(p);
-  const cudaError_t err = cudaGetLastError();
+  const cudaError_t err = dtype == DType::kFloat16
+                              ? launch_dependent<kvcache_detail::combine_kernel<__half>>(grid, block, 0, stream, p)
+                              : launch_dependent<kvcache_detail::combine_kernel<__nv_bfloat16>>(grid, block, 0, stream, p);
+  if (err != cudaSuccess) (void)cudaGetLastError();  // the launch's error is returned, not left behind
   return err == cudaSuccess ? Status::success() : Status::cuda(err, "combine_kernel<<<...>>>");
 }
 
