@@ -100,10 +100,12 @@ struct PagedKv {
   // Whether `page` is in the cache. A key on a page outside it is never read or written: the
   // attention gives the rows that see it NaN, the append drops it.
   CUTE_HOST_DEVICE bool valid(int page) const { return page >= 0 && page < num_pages; }
+  // The row of key `key` (>= 0) on its page.
+  CUTE_HOST_DEVICE uint32_t on_page(int key) const { return uint32_t(key) & ((1u << log2) - 1); }
   // Element offset of key `key`, on page `page`, in a cache whose pages are page_stride apart. An
   // invalid page gives page 0's, so no address outside the cache is ever formed.
   CUTE_DEVICE int64_t offset(int page, int key, int64_t page_stride, int64_t row_stride) const {
-    return (valid(page) ? page : 0) * page_stride + (key & ((1 << log2) - 1)) * row_stride;
+    return (valid(page) ? page : 0) * page_stride + on_page(key) * row_stride;
   }
 };
 

@@ -156,10 +156,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
     if constexpr (Traits::kSplitKv) {
       if (paged) {
         auto row_at = [&](int m, int r) {
-          if constexpr (kFromSlots) {  // r & mask: r's row on its page (r itself on a page longer than a block)
+          if constexpr (kFromSlots) {  // block row r is r rows past its slot's first key on the page
             const uint64_t first = s_slots[2 * (r >> pages.log2) + (kIsK ? 0 : 1)];
-            const uint32_t on_page = uint32_t(r) & ((1u << pages.log2) - 1);
-            const uint64_t row = first + on_page * uint64_t(row_stride * sizeof(Element));
+            const uint64_t row = first + pages.on_page(r) * uint64_t(row_stride * sizeof(Element));
             return GatherRow<Element>{reinterpret_cast<Element const*>(row), first != 0};
           } else {
             const int key = n_block * kBlockN + r;
@@ -346,13 +345,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
     // The fetched slots, once the table entry has had Q K^T's time to arrive. The loads of the
     // step before read the old slots before the barrier above.
     if (fetch_page) {
-      const uint32_t on_page = uint32_t(n_next * kBlockN) & ((1u << pages.log2) - 1);  // 0 unless pages > blocks
+      const int key0 = n_next * kBlockN + (tid << pages.log2);  // the block's first key on this page
       const auto slot = [&](Element const* base, int64_t page_stride, int64_t row_stride) {
-        return reinterpret_cast<uint64_t>(base + uint32_t(next_page) * page_stride + on_page * row_stride);
+        return pages.valid(next_page)
+                   ? reinterpret_cast<uint64_t>(base + pages.offset(next_page, key0, page_stride, row_stride))
+                   : uint64_t{0};
       };
-      const bool valid = pages.valid(next_page);
-      s_slots[2 * tid] = valid ? slot(k_ptr, params.k_batch_stride, params.k_row_stride) : 0;
-      s_slots[2 * tid + 1] = valid ? slot(v_ptr, params.v_batch_stride, params.v_row_stride) : 0;
+      s_slots[2 * tid] = slot(k_ptr, params.k_batch_stride, params.k_row_stride);
+      s_slots[2 * tid + 1] = slot(v_ptr, params.v_batch_stride, params.v_row_stride);
     }
     cp_async_wait<2 * kKvStages - 2>();
     // V[n_block] has landed for every thread.
