@@ -840,6 +840,10 @@ def test_decode_mode_parses_and_needs_torch_with_a_gpu(monkeypatch, capsys, tmp_
     assert a.splits == [8, 32] and decode.build_parser().parse_args([]).splits == []
     assert decode.subject_names(a.paths, a.splits) == ["fc", "fc-paged", "fc@sm80", "fc-paged@sm80", "fc/s8", "fc/s32",
                                                        "fc@sm80/s8", "fc@sm80/s32", "sdpa-flash", "sdpa-cudnn"]
+    a = decode.build_parser().parse_args(["--append"])
+    assert a.append and not decode.build_parser().parse_args([]).append
+    assert decode.subject_names(a.paths, [], a.append) == ["fc", "fc-paged", "fc+append", "fc-paged+append",
+                                                          "sdpa-flash", "sdpa-cudnn"]
     parser = decode.build_parser()
     assert decode.parse_timing(parser, parser.parse_args([])) == Timing(STANDARD, 5, 20)
     turns = parser.parse_args(["--timing", "turns", "--rounds", "4", "--iters", "8"])

@@ -4,7 +4,8 @@
 // stream (its primary) still runs: once every CTA of the primary has called allow_dependents() or
 // exited. Its wait_for_primary() returns when the primary has finished and its writes are visible,
 // so nothing before it may read what the primary writes or write what the primary reads. The
-// overlap hides the dependent's launch, a few microseconds of a batch-1 decode. Where the GPU or
+// overlap hides the dependent's launch: the KV-cache call's attention after its append, and the
+// combine after the attention (a microsecond or more each of a batch-1 decode). Where the GPU or
 // the kernel's code is older than sm_90, the launch is an ordinary one and both calls are no-ops.
 // CUDA-graph capture records the dependency as a programmatic edge.
 #pragma once
@@ -16,8 +17,8 @@
 
 namespace flashcute {
 
-// In the primary: lets its dependent's CTAs start; call it once all CTAs of the primary are
-// resident (the start of the kernel is fine: the dependent runs only once every CTA has called it).
+// In the primary: its dependent's CTAs may start once every CTA of the primary has called this (or
+// exited). Resident early, they wait on the SMs: a long primary calls it near the end of its work.
 __device__ __forceinline__ void allow_dependents() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");

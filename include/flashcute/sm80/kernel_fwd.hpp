@@ -224,6 +224,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
 
   // Prologue: Q and the last (possibly ragged) K block.
   load_tile<true>(gmem_tiled_copy, tQgQ, tQsQ, tQcQ, q_rows, params.head_dim);
+  // After an append (sm80/kernel_kvcache.hpp) the KV-cache kernel is launched as its dependent
+  // (launch_fwd.hpp): it reads K and V once the append has written them.
+  if constexpr (Traits::kSplitKv) wait_for_primary();
   if constexpr (Traits::kQInRegs) cp_async_fence();  // Q in a group of its own
   if (n_block_max > n_block_min) {
     const int n0 = (n_block_max - 1) * kBlockN;

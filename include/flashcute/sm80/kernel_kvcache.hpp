@@ -39,6 +39,7 @@ constexpr int kWarpsPerCta = 8;
 // cache_seqlens or block_table moves a write off the cache.
 __global__ void __launch_bounds__(32 * kWarpsPerCta)
     append_kv_kernel(__grid_constant__ const FwdParams p, __grid_constant__ const AppendKvParams a) {
+  allow_dependents();  // the attention after it waits for the whole append (sm80/kernel_fwd.hpp)
   const int64_t rows = int64_t(p.batch) * p.seqlen_new * p.nheads_k;
   const int64_t row = int64_t(blockIdx.x) * kWarpsPerCta + threadIdx.x / 32;
   if (row >= rows) return;

@@ -11,6 +11,7 @@
 
 #include "flashcute/common/launch.hpp"
 #include "flashcute/common/params.hpp"
+#include "flashcute/common/pdl.hpp"
 #include "flashcute/common/status.hpp"
 #include "flashcute/sm80/config.hpp"
 #include "flashcute/sm80/kernel_fwd.hpp"
@@ -27,6 +28,14 @@ Status launch_fwd_with(const FwdParams& params, cudaStream_t stream) {
   if (Status st = allow_smem<kernel>(kSmem); !st.ok()) return st;
   const int m_blocks = (params.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
   const dim3 grid(m_blocks * (Traits::kSplitKv ? params.num_splits : 1), params.nheads, params.batch);
+  if constexpr (Traits::kSplitKv) {
+    // Right after the append of new keys (host/dispatch.hpp): its dependent (common/pdl.hpp).
+    if (params.seqlen_new > 0) {
+      const cudaError_t err = launch_dependent<kernel>(grid, dim3(Traits::kNThreads), kSmem, stream, params);
+      if (err != cudaSuccess) (void)cudaGetLastError();
+      return err == cudaSuccess ? Status::success() : Status::cuda(err, "fwd_kernel (after the append)");
+    }
+  }
   kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(params);
   FLASHCUTE_CUDA_CHECK(cudaGetLastError());
   return Status::success();

@@ -8,7 +8,10 @@ attends to a KV cache of seqlen_k keys. Timed, in one process on the same keys:
   on every path of ``--paths`` (``FLASHCUTE_FORWARD_PATH``, set before the calls and the graph
   capture): ``auto`` gives ``fc``, ``sm80`` ``fc@sm80``...; the row's ``path`` is what
   :func:`flashcute.last_forward_path` said; ``--splits 8,32`` adds ``fc/s8``, ``fc/s32``...: the
-  contiguous call with ``num_splits`` forced (``fc`` lets the library choose);
+  contiguous call with ``num_splits`` forced (``fc`` lets the library choose); ``--append`` adds
+  ``fc+append`` and ``fc-paged+append``: the step as FlashAttention-2's decode runs it, the new
+  token's key and value appended in place (``k``, ``v`` given, cache_seqlens one short; the token
+  appended is the cache's last, so the cache does not change);
 - ``sdpa-flash``, ``sdpa-cudnn``: ``torch.nn.functional.scaled_dot_product_attention`` with that
   backend, on the contiguous cache transposed to (batch, heads, seq, dim), ``enable_gqa=True``;
 - ``copy``: a 1 GiB device-to-device ``Tensor.copy_`` (bytes read + written, timed eagerly), the
@@ -67,11 +70,13 @@ def check_choices(parser: argparse.ArgumentParser, flag: str, values: Sequence[s
         parser.error(f"{flag}: expected {', '.join(allowed)}, comma-separated, got {','.join(values)!r}")
 
 
-def subject_names(paths: Sequence[str], splits: Sequence[int] = ()) -> list[str]:
+def subject_names(paths: Sequence[str], splits: Sequence[int] = (), append: bool = False) -> list[str]:
     """The timed subjects in order: fc and fc-paged on each path, fc with each forced split count
-    on each path, then SDPA's."""
+    on each path, both with the in-place append on each path (`append`), then SDPA's."""
     return ([base + _tag(path) for path in paths for base in ("fc", "fc-paged")]
-            + [f"fc{_tag(path)}/s{n}" for path in paths for n in splits] + list(SDPA))
+            + [f"fc{_tag(path)}/s{n}" for path in paths for n in splits]
+            + [base + _tag(path) + "+append" for path in paths for base in ("fc", "fc-paged") if append]
+            + list(SDPA))
 
 
 def _ints(text: str) -> list[int]:
@@ -100,6 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--eager", dest="modes", action="store_const", const=["eager"], help="--modes eager")
     p.add_argument("--splits", type=_ints, default=[],
                    help="num_splits values to time fc with besides the library's choice, e.g. 8,32 (1-128)")
+    p.add_argument("--append", action="store_true",
+                   help="also time fc and fc-paged with the new token's key and value appended in place")
     p.add_argument("--paths", type=_list, default=["auto"],
                    help="forward paths (FLASHCUTE_FORWARD_PATH) to time flashcute on, comma-separated: auto (default), "
                         "sm90, sm80")
@@ -158,7 +165,7 @@ def copy_tbps(lib: TorchLib, how: Timing) -> float:
 
 def run_point(lib: TorchLib, how: Timing, modes: Sequence[str], flush: Callable[[], Any] | None, b: int, s: int,
               h: int, hk: int, d: int, page: int, paths: Sequence[str] = ("auto",),
-              splits: Sequence[int] = ()) -> list[dict[str, Any]]:
+              splits: Sequence[int] = (), append: bool = False) -> list[dict[str, Any]]:
     """Checks and times every subject at one point (one process, the same keys): a row for each of
     `modes`."""
     import torch.nn.functional as F
@@ -197,6 +204,14 @@ def run_point(lib: TorchLib, how: Timing, modes: Sequence[str], flush: Callable[
         for n in splits:
             runs[f"fc{_tag(path)}/s{n}"] = (path, lambda n=n: flashcute.flash_attn_with_kvcache(
                 q, k, v, cache_seqlens=seqlens, num_splits=n))
+    if append:  # the last key and value appended again: the same cache, and the same output
+        kn, vn = k[:, s - 1:].clone(), v[:, s - 1:].clone()
+        short = seqlens - 1
+        for path in paths:
+            runs["fc" + _tag(path) + "+append"] = (path, lambda: flashcute.flash_attn_with_kvcache(
+                q, k, v, kn, vn, cache_seqlens=short))
+            runs["fc-paged" + _tag(path) + "+append"] = (path, lambda: flashcute.flash_attn_with_kvcache(
+                q, kp, vp, kn, vn, cache_seqlens=short, block_table=table))
     runs.update({n: (None, sdpa(be)) for n, be in zip(SDPA, (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION))})
     outs, notes, kinds = {}, {}, {}
     for name, (path, run) in list(runs.items()):
@@ -324,7 +339,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     copy = copy_tbps(lib, how)
     modes = " and ".join({"graph": "CUDA-graph replays", "eager": "eager calls"}[m] for m in a.modes)
     method = how.method(flush_nbytes)
-    names = subject_names(a.paths, a.splits)
+    names = subject_names(a.paths, a.splits, a.append)
     print(f"# {PROG}: {gpu}, torch {torch.__version__}, flashcute {flashcute.__version__}, bf16, d {a.headdim}, "
           f"{modes}; copy {copy:.2f} TB/s; paged: {a.page}-token pages; paths {','.join(a.paths)}")
     print(f"# {PROG}: {method}")
@@ -337,14 +352,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             for s in a.seqlens:
                 if 2 * b * s * hk * a.headdim * 2 > a.max_gb * 1e9 or s % a.page:
                     continue
-                for r in run_point(lib, how, a.modes, flush, b, s, h, hk, a.headdim, a.page, a.paths, a.splits):
+                for r in run_point(lib, how, a.modes, flush, b, s, h, hk, a.headdim, a.page, a.paths, a.splits,
+                                   a.append):
                     rows.append(r)
                     print(line(r, copy, names), flush=True)
                 torch.cuda.empty_cache()
     a.out_dir.mkdir(parents=True, exist_ok=True)
     stem = a.out_dir / f"decode-{_dt.datetime.now(_dt.timezone.utc):%Y%m%dT%H%M%SZ}"
     meta = {"gpu": gpu, "versions": versions(), "argv": list(sys.argv[1:] if argv is None else argv), "modes": a.modes,
-            "paths": a.paths, "splits": a.splits, "copy_tbps": copy, "timing_kind": how.kind, "timing": method,
+            "paths": a.paths, "splits": a.splits, "append": a.append, "copy_tbps": copy, "timing_kind": how.kind, "timing": method,
             "iters": how.timed_calls, "warmup": how.warmup, "page": a.page}
     stem.with_suffix(".json").write_text(json.dumps({"meta": meta, "points": rows}, indent=1))
     with open(stem.with_suffix(".csv"), "w") as f:
