@@ -42,9 +42,10 @@ build() {  # build NAME SRC DIMS: configure and build flashcute._C, stage it as 
     -DFLASHCUTE_HEAD_DIMS="$3" -DFLASHCUTE_DTYPES="${DTYPES:-bf16}" -DFLASHCUTE_BACKWARD=OFF \
     -DFLASHCUTE_KVCACHE="$KVCACHE" -DFLASHCUTE_BUILD_TESTS=OFF -DFLASHCUTE_BUILD_PYTHON=ON \
     -DFLASHCUTE_PTXAS_VERBOSE=ON -Dnanobind_DIR="$NB" > "$WORK/cfg_$1.log" 2>&1
-  cmake --build "$WORK/b_$1" --target _C -j 16 > "$WORK/build_$1.log" 2>&1
+  cmake --build "$WORK/b_$1" --target _C flashcute_C_stub -j 16 > "$WORK/build_$1.log" 2>&1
   local rc=$?
   mkdir -p "$WORK/pkg_$1" && cp -r "$2/python/flashcute" "$WORK/pkg_$1/" && cp "$WORK"/b_$1/_C*.so "$WORK/pkg_$1/flashcute/"
+  cp "$WORK/b_$1/_C.pyi" "$WORK/pkg_$1/flashcute/" 2> /dev/null  # the stub test_module.py checks
   echo "build $1: rc $rc, $(grep -c 'spill stores' "$WORK/build_$1.log") kernels, $(grep -h 'C7518' "$WORK/build_$1.log" | wc -l) wgmma serialisation warnings"
 }
 
