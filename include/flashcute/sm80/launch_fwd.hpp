@@ -20,7 +20,9 @@ namespace flashcute::sm80 {
 
 // Launches the forward kernel built from any FwdTraits (tuning tools use this with non-default
 // configs). Preconditions: what host::plan_fwd guarantees (valid params, 1 <= batch and nheads
-// <= 65535, seqlen_q >= 1) and head_dim <= Traits::kHeadDim.
+// <= 65535, seqlen_q >= 1) and head_dim <= Traits::kHeadDim; for a KV-cache kernel with
+// params.seqlen_new > 0, that the kernel before it on the stream is the append (launch_append_kv):
+// it starts before that kernel ends and reads Q, cache_seqlens and the block table before waiting.
 template <class Traits>
 Status launch_fwd_with(const FwdParams& params, cudaStream_t stream) {
   constexpr int kSmem = Traits::kSmemBytes;
