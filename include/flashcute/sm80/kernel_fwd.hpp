@@ -393,7 +393,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
 
   // The combine after a KV-cache kernel (sm80/kernel_kvcache.hpp) may start once every CTA is here;
   // it waits for this grid's end before reading. Not at the kernel's start: the combine's CTAs,
-  // resident that early, slowed paged calls (perf-notes v31a).
+  // resident that early, slowed paged calls (docs/perf-notes.md, decode).
   if constexpr (Traits::kSplitKv) allow_dependents();
 
   // Epilogue: normalise, stage O through shared memory, store 16 B per thread.
