@@ -63,35 +63,47 @@ template <DType kDType, int kHeadDim>
 Status launch_bwd(const BwdParams& params, cudaStream_t stream);
 }  // namespace sm90
 
+// What `ask(device)` says of `device` (the current one if < 0), asked once per device and kept in
+// `cache` (each caller's own static array), so that a launch during CUDA-graph capture makes no
+// extra CUDA call. `ask` returns a value >= 0, or < 0 when it cannot tell (then it is asked again
+// next time); devices 64 and up are asked every time. -1 if the current device is unknown.
+template <class Ask>
+int once_per_device(std::atomic<int> (&cache)[64], int device, Ask&& ask) {
+  if (device < 0 && cudaGetDevice(&device) != cudaSuccess) return -1;
+  if (device < 0) return -1;
+  if (device >= 64) return ask(device);
+  if (const int known = cache[device].load(std::memory_order_acquire); known > 0) return known - 1;  // the value + 1
+  const int value = ask(device);
+  if (value >= 0) cache[device].store(value + 1, std::memory_order_release);
+  return value;
+}
+
 // Lets kKernel use smem_bytes of dynamic shared memory (needed above 48 KB). A per-device
-// function attribute: it is set once per device, so that a launch made while a stream is being
-// captured into a CUDA graph (after the usual warm-up) is the only CUDA call.
+// function attribute, set once per device (once_per_device).
 template <auto kKernel>
 Status allow_smem(int smem_bytes) {
   if (smem_bytes <= 48 * 1024) return Status::success();
-  static std::atomic<uint64_t> set_on_devices{0};
+  static std::atomic<int> set[64] = {};
   int device = 0;
   FLASHCUTE_CUDA_CHECK(cudaGetDevice(&device));
-  const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
-  if (bit == 0 || !(set_on_devices.load(std::memory_order_relaxed) & bit)) {
-    FLASHCUTE_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
-    set_on_devices.fetch_or(bit, std::memory_order_relaxed);
-  }
+  cudaError_t err = cudaSuccess;
+  once_per_device(set, device, [&](int) {
+    err = cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+    return err == cudaSuccess ? 1 : -1;
+  });
+  FLASHCUTE_CUDA_CHECK(err);
   return Status::success();
 }
 
-// Attribute kAttr of `device` (the current one if < 0), asked once per device, so that a launch
-// during CUDA-graph capture makes no extra CUDA call; -1 if it cannot be known.
+// Attribute kAttr of `device` (the current one if < 0), asked once per device; -1 if it cannot be
+// known.
 template <cudaDeviceAttr kAttr>
 int device_attribute(int device = -1) {
-  static std::atomic<int> cached[64] = {};  // the value + 1; 0: not asked yet
-  if (device < 0 && cudaGetDevice(&device) != cudaSuccess) return -1;
-  if (device < 0) return -1;
-  if (device < 64 && cached[device].load(std::memory_order_relaxed) > 0) return cached[device].load() - 1;
-  int value = 0;
-  if (cudaDeviceGetAttribute(&value, kAttr, device) != cudaSuccess) return -1;
-  if (device < 64) cached[device].store(value + 1);
-  return value;
+  static std::atomic<int> cached[64] = {};
+  return once_per_device(cached, device, [](int d) {
+    int value = 0;
+    return cudaDeviceGetAttribute(&value, kAttr, d) == cudaSuccess ? value : -1;
+  });
 }
 
 // The SM count of `device` (the current one if < 0); 0 if it cannot be known.

@@ -15,6 +15,8 @@
 #include <atomic>
 #include <cstdint>
 
+#include "flashcute/common/launch.hpp"
+
 namespace flashcute {
 
 // In the primary: its dependent's CTAs may start once every CTA of the primary has called this (or
@@ -34,24 +36,18 @@ __device__ __forceinline__ void wait_for_primary() {
 
 // Whether kKernel, as loaded on the current device, was compiled from sm_90 or newer code (so that
 // its wait_for_primary() is a real wait) on a GPU of compute capability 9.0 or newer. Asked once
-// per device, so that a launch during CUDA-graph capture makes no extra CUDA call.
+// per device (once_per_device).
 template <auto kKernel>
 bool dependent_launch_ok() {
-  static std::atomic<uint64_t> asked{0}, ok{0};
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64) return false;
-  const uint64_t bit = uint64_t{1} << device;
-  if (!(asked.load(std::memory_order_acquire) & bit)) {
-    cudaFuncAttributes attr{};
-    int major = 0;
-    const bool yes = cudaFuncGetAttributes(&attr, kKernel) == cudaSuccess && attr.ptxVersion >= 90 &&
-                     attr.binaryVersion >= 90 &&
-                     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
-                     major >= 9;
-    if (yes) ok.fetch_or(bit, std::memory_order_relaxed);
-    asked.fetch_or(bit, std::memory_order_release);
-  }
-  return (ok.load(std::memory_order_relaxed) & bit) != 0;
+  static std::atomic<int> cached[64] = {};
+  return once_per_device(cached, -1, [](int device) {
+           cudaFuncAttributes attr{};
+           int major = 0;
+           return int(cudaFuncGetAttributes(&attr, kKernel) == cudaSuccess && attr.ptxVersion >= 90 &&
+                      attr.binaryVersion >= 90 &&
+                      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+                      major >= 9);
+         }) > 0;
 }
 
 // Launches kKernel(args...) on `stream`, as a dependent of the kernel before it where
