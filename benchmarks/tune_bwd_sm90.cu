@@ -11,6 +11,8 @@
 // variant shows up as a large difference, not as a fast time. Times are CUDA-event medians of 10
 // after 2 warm-ups; TFLOP/s count the backward as 2.5x the forward (FlashAttention's convention).
 // Arguments: the seqlens (default 1024 4096 16384); TUNE_WINDOW=w runs a sliding window (w, w).
+#include <cstring>
+
 #include "flashcute/sm90/launch_bwd.hpp"
 #include "tune_bwd_common.cuh"
 
@@ -47,12 +49,19 @@ void run_one(const BwdProblem& b) {
   BwdParams pd = p;
   pd.deterministic = true;
   const float det = median_ms([&] { (void)flashcute::sm90::launch_bwd_with<Traits>(pd, nullptr); });
+  // Its dq against the reference, and the same bits on a second run.
+  std::vector<Element> det_dq(b.n), again(b.n);
+  CHECK_CUDA(cudaMemcpy(det_dq.data(), b.dq, b.n * sizeof(Element), cudaMemcpyDeviceToHost));
+  const float det_diff = b.diff(b.dq, b.dq_ref);
+  (void)flashcute::sm90::launch_bwd_with<Traits>(pd, nullptr);
+  CHECK_CUDA(cudaMemcpy(again.data(), b.dq, b.n * sizeof(Element), cudaMemcpyDeviceToHost));
+  const bool same = std::memcmp(det_dq.data(), again.data(), b.n * sizeof(Element)) == 0;
   // The postprocess alone rewrote dq from a zeroed accumulator: run the whole backward again.
   (void)flashcute::sm90::launch_bwd_with<Traits>(p, nullptr);
   std::printf("  cfg(M=%3d N=%3d stages=%d)  %7.3f ms %6.1f TFLOP/s = pre %.3f + main %.3f + post %.3f ms; "
-              "deterministic %.3f ms (%.2fx)",
+              "deterministic %.3f ms (%.2fx, dq maxdiff %.3g, %s)",
               kCfg.block_m, kCfg.block_n, kCfg.stages, total, 2.5 * b.flops / total * 1e-9, pre, total - pre - post,
-              post, det, total / det);
+              post, det, total / det, det_diff, same ? "same bits twice" : "BITS DIFFER");
   b.print_diffs();
 }
 
