@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <utility>
 #include <vector>
 
 #include "flashcute/common/mask.hpp"
@@ -259,7 +260,7 @@ void check_backward_tiles_and_dq_turns() {
             << "sq " << p.seqlen_q << " sk " << p.seqlen_k << " window " << p.window_left << "," << p.window_right
             << " m " << m << " n " << n;
         if (visits) {
-          EXPECT_EQ((flashcute::sm90::bwd_dq_turn<kM, kN>(keys, p.seqlen_q, n, m)), turn++);
+          EXPECT_EQ((flashcute::sm90::bwd_dq_turn<kM, kN>(keys, t, m)), turn++);
           // Deterministic calls launch the key blocks in turn order (bwd_n_block): a CTA waits
           // only for CTAs launched before it.
           p.deterministic = true;
@@ -272,6 +273,60 @@ void check_backward_tiles_and_dq_turns() {
       }
     }
   }
+}
+
+// Rotated walks (deterministic calls without a mask): each key block visits each of its query
+// blocks once, and its dQ turn at query block m is its rank among the blocks that visit m, ordered
+// by the step at which they reach it (then by key block): turns 0, 1, 2, ... with no gap, and each
+// block waits only for adds made at an earlier step or, between blocks that reach m at the same
+// step, by a lower key block. Masked calls ignore `rotate`.
+template <int kM, int kN>
+void check_rotated_dq_turns() {
+  uint32_t state = 4321;
+  auto next = [&](int n) { state = state * 1664525u + 1013904223u; return int((state >> 8) % uint32_t(n)); };
+  for (int trial = 0; trial < 300; ++trial) {
+    flashcute::BwdParams p;
+    p.seqlen_q = 1 + next(trial < 150 ? 700 : 5000), p.seqlen_k = 1 + next(trial < 150 ? 700 : 5000);
+    p.deterministic = true;
+    const flashcute::KeyMask keys{p.seqlen_k, p.seqlen_k - p.seqlen_q, -1, -1};
+    const int n_blocks = (p.seqlen_k + kN - 1) / kN, m_blocks = (p.seqlen_q + kM - 1) / kM;
+    std::vector<std::vector<std::pair<int, int>>> visits(m_blocks);  // per m: (step, n)
+    for (int n = 0; n < n_blocks; ++n) {
+      const auto t = flashcute::sm90::bwd_tile<kM, kN>(p, n, 0, 0, flashcute::sm90::bwd_padded_rows(p.seqlen_q), true);
+      ASSERT_EQ(t.m_first, 0);
+      ASSERT_EQ(t.m_last, m_blocks);
+      ASSERT_EQ(t.n_blocks, n_blocks);
+      std::vector<int> seen(m_blocks, 0);
+      for (int i = 0; i < t.steps(); ++i) {
+        const int m = t.template m_at<true>(t.m_first + i);
+        ASSERT_TRUE(m >= 0 && m < m_blocks) << "n " << n << " step " << i;
+        ++seen[m];
+        visits[m].emplace_back(i, n);
+      }
+      EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), m_blocks) << "n " << n;
+    }
+    for (int m = 0; m < m_blocks; ++m) {
+      std::sort(visits[m].begin(), visits[m].end());
+      for (int rank = 0; rank < int(visits[m].size()); ++rank) {
+        const int n = visits[m][rank].second;
+        const auto t = flashcute::sm90::bwd_tile<kM, kN>(p, n, 0, 0, flashcute::sm90::bwd_padded_rows(p.seqlen_q), true);
+        EXPECT_EQ((flashcute::sm90::bwd_dq_turn<kM, kN>(keys, t, m)), rank)
+            << "sq " << p.seqlen_q << " sk " << p.seqlen_k << " m " << m << " n " << n;
+      }
+    }
+    // With a mask the walk is not rotated.
+    p.window_right = 0;
+    const auto t = flashcute::sm90::bwd_tile<kM, kN>(p, n_blocks - 1, 0, 0, flashcute::sm90::bwd_padded_rows(p.seqlen_q), true);
+    EXPECT_EQ(t.n_blocks, 0);
+    EXPECT_EQ(t.m_shift, 0);
+  }
+}
+
+TEST(Sm90Scheduler, BackwardRotatedDqTurns) {
+  check_rotated_dq_turns<64, 128>();
+  check_rotated_dq_turns<128, 128>();
+  check_rotated_dq_turns<64, 96>();  // d 192
+  check_rotated_dq_turns<64, 64>();  // d 256
 }
 
 TEST(Sm90Scheduler, BackwardTilesAndDqTurnsAgree) {

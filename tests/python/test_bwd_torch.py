@@ -202,25 +202,28 @@ def test_deterministic_reaches_the_backward(torch, sm90_bwd_why_not, require_ker
         assert check.ok, check.message
 
 
-@pytest.mark.parametrize("d", [128, 192, 256])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "nomask"])
+@pytest.mark.parametrize("d", [64, 128, 192, 256])
 @pytest.mark.parametrize("bwd_path", ["sm80", "sm90"])
-def test_deterministic_bits(torch, sm90_bwd_why_not, require_kernel, monkeypatch, bwd_path, d):
-    """Five runs, the same bits (a GQA causal case where the sm90 backward's dQ adds from 8-16 key
-    blocks would land in any order without deterministic=True). d 192 and 256 run the split-D
-    kernels, whose adds are counted by another warp than the one that makes them."""
+def test_deterministic_bits(torch, sm90_bwd_why_not, require_kernel, monkeypatch, bwd_path, d, causal):
+    """Five runs, the same bits (a GQA case where the sm90 backward's dQ adds from 8-16 key blocks
+    would land in any order without deterministic=True). d 192 and 256 run the split-D kernels,
+    whose adds are counted by another warp than the one that makes them; without a mask the sm90
+    key blocks walk their query blocks rotated (scheduler.hpp, BwdTile), 1000 queries against 1100
+    keys so that they are not as many as the query blocks."""
     require_kernel("bfloat16", d)
-    case = Case(2, 1000, 1000, 16, 2, d, causal=True)
+    case = Case(2, 1000, 1000 if causal else 1100, 16, 2, d, causal=causal)
     if bwd_path == "sm90" and (why := sm90_bwd_why_not(case.d, "bfloat16")):
         pytest.skip(why)
     monkeypatch.setenv("FLASHCUTE_BACKWARD_PATH", bwd_path)
     q, k, v, dout = _inputs(torch, case, "bfloat16", seed=3)
-    out, lse = flashcute.flash_attn_func(q, k, v, return_lse=True, causal=True)
-    first = flashcute.flash_attn_bwd(dout, q, k, v, out, lse, causal=True, deterministic=True)
+    out, lse = flashcute.flash_attn_func(q, k, v, return_lse=True, causal=causal)
+    first = flashcute.flash_attn_bwd(dout, q, k, v, out, lse, causal=causal, deterministic=True)
     assert flashcute.last_backward_path() == bwd_path
-    check = check_gradients(first, dout, q, k, v, causal=True)
+    check = check_gradients(first, dout, q, k, v, causal=causal)
     assert check.ok, check.message
     for _ in range(4):
-        again = flashcute.flash_attn_bwd(dout, q, k, v, out, lse, causal=True, deterministic=True)
+        again = flashcute.flash_attn_bwd(dout, q, k, v, out, lse, causal=causal, deterministic=True)
         for a, b in zip(first, again):
             assert torch.equal(a, b)
 
@@ -249,12 +252,14 @@ def test_partial_keys_gives_each_blocks_share(torch, sm90_bwd_why_not, require_k
         assert check.ok == partial, (partial, check.message or check.summary())
 
 
-@pytest.mark.parametrize("window", [(-1, 0), (200, 0)], ids=["causal", "window"])
+@pytest.mark.parametrize("window", [(-1, 0), (200, 0), (-1, -1)], ids=["causal", "window", "nomask"])
 def test_deterministic_with_more_key_blocks_than_sms(torch, sm90_bwd_why_not, require_kernel, window):
     """Deterministic causal and windowed calls whose key blocks (128 keys each at d 128) outnumber
     the SMs: each block waits for the later ones' dQ adds, and while those were launched after it,
     every resident CTA could wait for one not yet running and the call hung (H100, d 192, 16k).
-    Run in a child process with a timeout, so that a hang fails the test instead of the suite."""
+    Without a mask, the most key blocks that still walk rotated (half the SMs: launch_bwd.hpp),
+    where a block also waits for blocks launched after it. Run in a child process with a timeout,
+    so that a hang fails the test instead of the suite."""
     import os
     import subprocess
     import sys
@@ -262,7 +267,8 @@ def test_deterministic_with_more_key_blocks_than_sms(torch, sm90_bwd_why_not, re
     require_kernel("bfloat16", 128)
     if why := sm90_bwd_why_not(128, "bfloat16"):
         pytest.skip(why)
-    seqlen = 128 * (torch.cuda.get_device_properties(0).multi_processor_count + 8)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    seqlen = 128 * (sms // 2 if window == (-1, -1) else sms + 8)
     code = f"""
 import torch, flashcute
 from flashcute.testing import check_gradients

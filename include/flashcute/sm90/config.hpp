@@ -183,6 +183,9 @@ struct BwdConfig {
   // Not split_d: MMA warpgroup 1 computes all of dQ, so that dS goes from warpgroup 0 to 1 only
   // and 0 never waits for 1's half (traits_bwd.hpp); else each computes half.
   bool dq_one_wg = false;
+  // Deterministic calls without a mask may walk the query blocks rotated (scheduler.hpp, BwdTile).
+  // Kept at d 64 only: at d 128 it gained nothing (perf-notes, b28).
+  bool rotate = false;
   constexpr int mma_warpgroups() const { return mma_wgs; }
   constexpr int num_threads() const { return 128 * (mma_warpgroups() + 1); }
 };
@@ -191,7 +194,7 @@ struct BwdConfig {
 // FlashAttention-3's 64-row steps with dK and dV split by columns: three warpgroups of 64 columns
 // at d 192 (96 keys), two of 128 at d 256 (64 keys, so that two Q and dO stages fit).
 constexpr BwdConfig default_bwd_config(int head_dim) {
-  if (head_dim == 64) return {.head_dim = 64, .block_m = 128, .block_n = 128, .dq_one_wg = true};
+  if (head_dim == 64) return {.head_dim = 64, .block_m = 128, .block_n = 128, .dq_one_wg = true, .rotate = true};
   if (head_dim == 128) return {128, 64, 128};
   if (head_dim == 192)
     return {.head_dim = 192, .block_m = 64, .block_n = 96, .producer_regs = 32, .mma_regs = 160, .split_d = true,

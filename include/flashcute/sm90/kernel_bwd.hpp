@@ -140,7 +140,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(__grid_consta
   // entry's fields would be spilled for the 24-register producer warps.
   const int n_block = bwd_n_block(p, int(blockIdx.x), int(gridDim.x));
   auto this_tile = [&] {
-    return bwd_tile<Traits::kBlockM, Traits::kBlockN>(p, n_block, int(blockIdx.y), int(blockIdx.z), kp.padded_rows);
+    return bwd_tile<Traits::kBlockM, Traits::kBlockN>(p, n_block, int(blockIdx.y), int(blockIdx.z), kp.padded_rows,
+                                                      Traits::kConfig.rotate && kp.dq_rotate);
   };
   if (n_block * Traits::kBlockN >= BwdBatch(p, int(blockIdx.z), kp.padded_rows).seqlen_k)
     return;  // varlen: past this entry's keys

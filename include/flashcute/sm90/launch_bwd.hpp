@@ -90,6 +90,12 @@ Status launch_bwd_with(const BwdParams& params, cudaStream_t stream) {
   auto dout = gmem(p.dout, false, p.do_row_stride, p.do_head_stride, p.do_batch_stride);
   auto k = gmem(p.k, true, p.k_row_stride, p.k_head_stride, p.k_batch_stride);  // (Sk,d,Hk,B)
   auto v = gmem(p.v, true, p.v_row_stride, p.v_head_stride, p.v_batch_stride);
+  const dim3 grid(unsigned((p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN), unsigned(p.nheads_k),
+                  unsigned(p.batch));
+  // Deterministic calls without a mask walk rotated (BwdTile) where the config does: a CTA then
+  // also waits for key blocks launched after it, so only where an entry's key blocks (grid.x at
+  // most) fit on half the SMs at once, one CTA an SM, even beside another stream's kernels.
+  const bool rotate = Traits::kConfig.rotate && p.deterministic && int(grid.x) <= device_sms() / 2;
   const BwdKernelParams<Traits> kp{
       p,
       dpsum,
@@ -101,12 +107,11 @@ Status launch_bwd_with(const BwdParams& params, cudaStream_t stream) {
       make_tma_copy(SM90_TMA_LOAD{}, dout, take<0, 2>(typename Traits::SmemLayoutQ{})),
       make_tma_copy(SM90_TMA_LOAD{}, k, typename Traits::SmemLayoutK{}),
       make_tma_copy(SM90_TMA_LOAD{}, v, typename Traits::SmemLayoutK{}),
+      rotate,
   };
   constexpr int kSmem = Traits::kSmemBytes;
   constexpr auto kernel = &bwd_kernel<Traits>;
   if (Status st = allow_smem<kernel>(kSmem); !st.ok()) return st;
-  const dim3 grid(unsigned((p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN), unsigned(p.nheads_k),
-                  unsigned(p.batch));
   kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(kp);
   FLASHCUTE_CUDA_CHECK(cudaGetLastError());
   const dim3 grid_blocks(unsigned(bwd_padded_rows(p.seqlen_q) / Traits::kBlockM), unsigned(p.nheads),

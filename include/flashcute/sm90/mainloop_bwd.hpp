@@ -74,6 +74,7 @@ struct BwdMainloop {
   using Element = typename Traits::Element;
   static constexpr int kBlockM = Traits::kBlockM;
   static constexpr int kBlockN = Traits::kBlockN;
+  static constexpr bool kRotate = Traits::kConfig.rotate;  // BwdTile::m_at
   static constexpr int kHeadDim = Traits::kHeadDim;
   using Pipeline = TmaPipeline<Traits::kStages>;
   using State = PipelineState<Traits::kStages>;
@@ -149,12 +150,25 @@ struct BwdMainloop {
       auto [tOgO, tOsO] =
           tma_partition(kp.tma_do, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
       const int64_t rows = head_rows(tile, head);
-      for (int m = tile.m_first; m < tile.m_last; ++m, ++st) {
-        uint64_t& full = qdo_pipe.producer_acquire(st, 2 * Traits::kQBytes + 2 * Traits::kRowBytes);
-        copy(kp.tma_q.with(full), tQgQ(_, m), tQsQ(_, st.index()));
-        copy(kp.tma_do.with(full), tOgO(_, m), tOsO(_, st.index()));
-        bulk_load(storage.lse2.data() + st.index() * kBlockM, kp.lse2 + rows + m * kBlockM, Traits::kRowBytes, full);
-        bulk_load(storage.dpsum.data() + st.index() * kBlockM, kp.dpsum + rows + m * kBlockM, Traits::kRowBytes, full);
+      // Two loops: the unrotated one kept token for token as it was, since every other form of it
+      // changed the 24-register warp's code and measured 2% slower at d 128 (perf-notes, b28).
+      if constexpr (kRotate) {
+        for (int m_step = tile.m_first; m_step < tile.m_last; ++m_step, ++st) {
+          const int m = tile.m_at<true>(m_step);
+          uint64_t& full = qdo_pipe.producer_acquire(st, 2 * Traits::kQBytes + 2 * Traits::kRowBytes);
+          copy(kp.tma_q.with(full), tQgQ(_, m), tQsQ(_, st.index()));
+          copy(kp.tma_do.with(full), tOgO(_, m), tOsO(_, st.index()));
+          bulk_load(storage.lse2.data() + st.index() * kBlockM, kp.lse2 + rows + m * kBlockM, Traits::kRowBytes, full);
+          bulk_load(storage.dpsum.data() + st.index() * kBlockM, kp.dpsum + rows + m * kBlockM, Traits::kRowBytes, full);
+        }
+      } else {
+        for (int m = tile.m_first; m < tile.m_last; ++m, ++st) {
+          uint64_t& full = qdo_pipe.producer_acquire(st, 2 * Traits::kQBytes + 2 * Traits::kRowBytes);
+          copy(kp.tma_q.with(full), tQgQ(_, m), tQsQ(_, st.index()));
+          copy(kp.tma_do.with(full), tOgO(_, m), tOsO(_, st.index()));
+          bulk_load(storage.lse2.data() + st.index() * kBlockM, kp.lse2 + rows + m * kBlockM, Traits::kRowBytes, full);
+          bulk_load(storage.dpsum.data() + st.index() * kBlockM, kp.dpsum + rows + m * kBlockM, Traits::kRowBytes, full);
+        }
       }
     }
   }
@@ -177,13 +191,13 @@ struct BwdMainloop {
       const int64_t rows = head_rows(tile, tile.head_k * group + g);
       float* dq_accum = kp.dq_accum + rows * kHeadDim;
       for (int m = tile.m_first; m < tile.m_last; ++m) {
-        int* sem = dq_count(rows, m);
+        int* sem = dq_count(rows, tile.m_at<kRotate>(m));
         for (int h = 0; h < 2; ++h) {
           NamedBarrier::sync(kThreads, NamedBarriers::kBwdDqFull + h);
           if (leader) {
-            if (sem && h == 0) wait_turn(sem, bwd_dq_turn<kBlockM, kBlockN>(keys, tile.seq.seqlen_q, tile.n_block, m));
-            bulk_reduce_add(dq_accum + int64_t(m) * kBlockM * kHeadDim + h * kHalf, storage.dq.data() + h * kHalf,
-                            kBytes);
+            if (sem && h == 0) wait_turn(sem, bwd_dq_turn<kBlockM, kBlockN>(keys, tile, tile.m_at<kRotate>(m)));
+            bulk_reduce_add(dq_accum + int64_t(tile.m_at<kRotate>(m)) * kBlockM * kHeadDim + h * kHalf,
+                            storage.dq.data() + h * kHalf, kBytes);
             cute::tma_store_arrive();
           }
         }
@@ -296,7 +310,7 @@ struct BwdMainloop {
     int ds_buf = 0;
     for (int g = 0; g < group; ++g) {
       for (int m = tile.m_first; m < tile.m_last; ++m, ++st, ds_buf ^= 1) {
-        const int m0 = m * kBlockM;
+        const int m0 = m * kBlockM;  // unrotated: the walk rotates only without a mask (no use of m0)
         qdo_pipe.consumer_wait(st);
         // The step's rows' lse and D, read where they are used (not held across the GEMMs).
         const float* lse2 = storage.lse2.data() + st.index() * kBlockM;

@@ -37,6 +37,7 @@ struct BwdMainloopSplitD : BwdMainloop<Traits> {
   static constexpr int kBlockN = Traits::kBlockN;
   static constexpr int kHeadDim = Traits::kHeadDim;
   static constexpr int kWgs = Traits::kMmaWarpgroups;
+  static_assert(!Traits::kConfig.rotate, "split-D walks are not rotated (BwdConfig::rotate)");
   using State = typename Base::State;
   using Base::kp;
   using Base::qdo_pipe;
@@ -167,7 +168,7 @@ struct BwdMainloopSplitD : BwdMainloop<Traits> {
         wgmma_gemm<true, false>(mma_dq, tQrdS(_, _, _, buf), tQrKt, acc_dq);
         wgmma_gemm<false, false>(mma_kv, tKVrQt(_, _, _, st.index()), tKVrdSt(_, _, _, buf), acc_dk);
         warpgroup_wait<1>();  // dV and dQ are done; dK runs on meanwhile
-        add_dq(acc_dq, rows, m, bwd_dq_turn<kBlockM, kBlockN>(keys, tile.seq.seqlen_q, tile.n_block, m), step++, mma_tid);
+        add_dq(acc_dq, rows, m, bwd_dq_turn<kBlockM, kBlockN>(keys, tile, m), step++, mma_tid);
         warpgroup_wait<0>();  // dK is done: the step's Q and dO are free
         // (the P and dS stores' proxy fence ordered the stage's lse and D reads before its refill)
         qdo_pipe.consumer_release_thread(st);

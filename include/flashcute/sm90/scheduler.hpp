@@ -452,15 +452,38 @@ inline bool bwd_varlen_few_exact_blocks(const BwdParams& p, int exact_keys) {
 
 // The backward: one CTA per (key block, KV head, batch) walks the query blocks [m_first, m_last)
 // whose rows see its keys (the mask's band: KeyMask::query_begin/query_end), for each query head
-// of the group. A key block past the entry's keys (varlen) has none.
+// of the group. A key block past the entry's keys (varlen) has none. A rotated walk (bwd_tile's
+// `rotate`, without a mask only) starts key block n of the entry's N at query block n * M / N of
+// the M and wraps, so that the blocks reach a query block at different steps: a deterministic dQ
+// add then waits for one made a step or more earlier, not for the one the block before it makes
+// at the same step (which delays block n by n adds at its first step: perf-notes, b28).
 struct BwdTile {
   int n_block, head_k, batch;
   int m_first, m_last;
   BwdBatch seq;
+  int m_shift = 0;   // rotated: the walk starts n_block * M / N query blocks after m_first
+  int n_blocks = 0;  // rotated: N, the entry's key blocks; 0: not rotated
+  CUTE_HOST_DEVICE int steps() const { return m_last - m_first; }
+  // The query block of the walk's step m_step, counted from m_first (the block an unrotated walk
+  // visits then). kRotatable: the config walks rotated where asked (BwdConfig::rotate); if not,
+  // the compiler sees that the walk is unrotated.
+  template <bool kRotatable>
+  CUTE_HOST_DEVICE int m_at(int m_step) const {
+    if constexpr (kRotatable) {
+      const int m = m_step + m_shift;
+      return m < m_last ? m : m - steps();
+    } else {
+      return m_step;
+    }
+  }
 };
 
+// Where key block n of N starts a rotated walk over M query blocks (relative to m_first).
+CUTE_HOST_DEVICE int bwd_rotated_start(int M, int N, int n) { return int(int64_t(n) * M / N); }
+
 template <int kBlockM, int kBlockN>
-CUTE_HOST_DEVICE BwdTile bwd_tile(const BwdParams& p, int n_block, int head_k, int batch, int64_t padded_rows) {
+CUTE_HOST_DEVICE BwdTile bwd_tile(const BwdParams& p, int n_block, int head_k, int batch, int64_t padded_rows,
+                                  bool rotate = false) {
   BwdTile t{n_block, head_k, batch, 0, 0, BwdBatch(p, batch, padded_rows)};
   const KeyMask keys = t.seq.mask(p);
   const int key_lo = n_block * kBlockN;
@@ -469,6 +492,11 @@ CUTE_HOST_DEVICE BwdTile bwd_tile(const BwdParams& p, int n_block, int head_k, i
   const int q_lo = keys.query_begin(key_lo);
   const int q_hi = keys.query_end(key_hi, t.seq.seqlen_q);
   if (q_hi > q_lo) t.m_first = q_lo / kBlockM, t.m_last = (q_hi + kBlockM - 1) / kBlockM;
+  // (unrotated tiles are computed as before rotation came: another form of this measured 2% slower at d 128)
+  if (rotate && p.window_left < 0 && p.window_right < 0 && q_hi > q_lo) {  // every block walks all M
+    t.n_blocks = (t.seq.seqlen_k + kBlockN - 1) / kBlockN;
+    t.m_shift = bwd_rotated_start(t.steps(), t.n_blocks, n_block);
+  }
   return t;
 }
 
@@ -477,19 +505,36 @@ CUTE_HOST_DEVICE BwdTile bwd_tile(const BwdParams& p, int n_block, int head_k, i
 // block 0 first, or with a right bound the last first. A CTA then only waits for CTAs launched
 // before it, which run or have run: otherwise, when a (batch, KV head)'s key blocks outnumber the
 // CTAs the GPU holds at once, the resident ones could all wait for one that is not and hang.
+// Rotated walks wait in both directions, so the host takes them only where an entry's key blocks
+// fit on half the GPU's SMs at once (launch_bwd_with).
 CUTE_HOST_DEVICE int bwd_n_block(const BwdParams& p, int block, int blocks) {
   return p.deterministic && p.window_right >= 0 ? blocks - 1 - block : block;
 }
 
+// A rotated walk's dQ turn at query block m (relative to m_first) of key block n of N over M:
+// the blocks that start fewer steps before m reach it first, and blocks that start at the same
+// query block (N > M) go in key order.
+CUTE_HOST_DEVICE int bwd_rotated_turn(int M, int N, int n, int m) {
+  // how many of the N blocks start at query block x or before: those with n' * M < (x + 1) * N
+  auto starts_upto = [&](int x) { return int(cute::min(int64_t(N), ((int64_t(x) + 1) * N + M - 1) / M)); };
+  const int s = bwd_rotated_start(M, N, n);
+  const int d = m >= s ? m - s : m - s + M;  // n reaches m at its step d
+  const int a = m - d + 1;                    // those starting in [a, m], cyclically, reach it sooner
+  const int sooner = a >= 0 ? starts_upto(m) - starts_upto(a - 1) : starts_upto(m) + N - starts_upto(a + M - 1);
+  return sooner + n - starts_upto(s - 1);
+}
+
 // Deterministic dQ: the key blocks that add into query block m take turns, and this is key block
-// n_block's (0 for the first). They are KeyMask::key_blocks(m), the blocks whose bwd_tile holds m
+// tile.n_block's (0 for the first). They are KeyMask::key_blocks(m), the blocks whose bwd_tile holds m
 // (the host tests check that the two agree), in the order they reach m: with a right bound
 // (causal, windows) a later key block starts at a later query block and reaches m in fewer steps,
-// so the last goes first; without one every block starts at query block 0, first goes first.
+// so the last goes first; without one every block starts at query block 0, first goes first,
+// unless the walks are rotated (bwd_rotated_turn).
 template <int kBlockM, int kBlockN>
-CUTE_HOST_DEVICE int bwd_dq_turn(const KeyMask& keys, int seqlen_q, int n_block, int m) {
-  const KeyMask::Blocks kb = keys.key_blocks(m * kBlockM, kBlockM, seqlen_q, kBlockN);
-  return keys.window_right >= 0 ? kb.last - 1 - n_block : n_block - kb.first;
+CUTE_HOST_DEVICE int bwd_dq_turn(const KeyMask& keys, const BwdTile& tile, int m) {
+  if (tile.n_blocks > 0) return bwd_rotated_turn(tile.steps(), tile.n_blocks, tile.n_block, m - tile.m_first);
+  const KeyMask::Blocks kb = keys.key_blocks(m * kBlockM, kBlockM, tile.seq.seqlen_q, kBlockN);
+  return keys.window_right >= 0 ? kb.last - 1 - tile.n_block : tile.n_block - kb.first;
 }
 
 }  // namespace flashcute::sm90

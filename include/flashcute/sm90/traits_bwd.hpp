@@ -256,6 +256,7 @@ struct BwdKernelParams {
   typename Traits::TmaQ tma_do;
   typename Traits::TmaK tma_k;
   typename Traits::TmaK tma_v;
+  bool dq_rotate;  // the CTAs walk their query blocks rotated (BwdTile), where the mask allows it
 };
 
 }  // namespace flashcute::sm90
