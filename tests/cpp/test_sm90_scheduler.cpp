@@ -229,6 +229,15 @@ TEST(Sm90Scheduler, TheTailEvensOutCausalRounds) {
   EXPECT_EQ(plan_tile_schedule(true, 16, 66, kSms, [](int x) { return double(x + 2); }).tail_tiles, 0u);
 }
 
+// A small linear congruential generator: next(n) is in [0, n).
+struct Lcg {
+  uint32_t state;
+  int operator()(int n) {
+    state = state * 1664525u + 1013904223u;
+    return int((state >> 8) % uint32_t(n));
+  }
+};
+
 }  // namespace
 
 // The backward: key block n visits query block m (bwd_tile) exactly when n is one of m's key
@@ -238,8 +247,7 @@ TEST(Sm90Scheduler, TheTailEvensOutCausalRounds) {
 // order (a block waiting for one launched after it could hang the kernel too).
 template <int kM, int kN>
 void check_backward_tiles_and_dq_turns() {
-  uint32_t state = 12345;
-  auto next = [&](int n) { state = state * 1664525u + 1013904223u; return int((state >> 8) % uint32_t(n)); };
+  Lcg next{12345u};
   for (int trial = 0; trial < 400; ++trial) {
     flashcute::BwdParams p;
     p.seqlen_q = 1 + next(700), p.seqlen_k = 1 + next(700);
@@ -282,8 +290,7 @@ void check_backward_tiles_and_dq_turns() {
 // step, by a lower key block. Masked calls ignore `rotate`.
 template <int kM, int kN>
 void check_rotated_dq_turns() {
-  uint32_t state = 4321;
-  auto next = [&](int n) { state = state * 1664525u + 1013904223u; return int((state >> 8) % uint32_t(n)); };
+  Lcg next{4321u};
   for (int trial = 0; trial < 300; ++trial) {
     flashcute::BwdParams p;
     p.seqlen_q = 1 + next(trial < 150 ? 700 : 5000), p.seqlen_k = 1 + next(trial < 150 ? 700 : 5000);
@@ -339,8 +346,7 @@ TEST(Sm90Scheduler, BackwardTilesAndDqTurnsAgree) {
 // sequence's; with any other cu_seqlens (clamped) they still stay inside. Lengths are capped at
 // the call's maxima.
 TEST(Sm90Scheduler, BackwardVarlenRowsAreDisjointAndInside) {
-  uint32_t state = 777;
-  auto next = [&](int n) { state = state * 1664525u + 1013904223u; return int((state >> 8) % uint32_t(n)); };
+  Lcg next{777u};
   for (int trial = 0; trial < 300; ++trial) {
     const int batch = 1 + next(20);
     const bool garbage = trial % 3 == 2;
