@@ -150,24 +150,29 @@ struct BwdMainloop {
       auto [tOgO, tOsO] =
           tma_partition(kp.tma_do, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
       const int64_t rows = head_rows(tile, head);
-      // Two loops: the unrotated one kept token for token as it was, since every other form of it
-      // changed the 24-register warp's code and measured 2% slower at d 128 (perf-notes, b28).
+      // Two loops: the unrotated one kept token for token as it was. Every other form of it that was
+      // tried (one PTX register more or less) changed ptxas's allocation of the whole d 128 kernel,
+      // and those builds measured 2% slower (perf-notes, b28).
       if constexpr (kRotate) {
         for (int m_step = tile.m_first; m_step < tile.m_last; ++m_step, ++st) {
           const int m = tile.m_at<true>(m_step);
           uint64_t& full = qdo_pipe.producer_acquire(st, 2 * Traits::kQBytes + 2 * Traits::kRowBytes);
           copy(kp.tma_q.with(full), tQgQ(_, m), tQsQ(_, st.index()));
           copy(kp.tma_do.with(full), tOgO(_, m), tOsO(_, st.index()));
-          bulk_load(storage.lse2.data() + st.index() * kBlockM, kp.lse2 + rows + m * kBlockM, Traits::kRowBytes, full);
-          bulk_load(storage.dpsum.data() + st.index() * kBlockM, kp.dpsum + rows + m * kBlockM, Traits::kRowBytes, full);
+          bulk_load(storage.lse2.data() + st.index() * kBlockM, kp.lse2 + rows + m * kBlockM, Traits::kRowBytes,
+                    full);
+          bulk_load(storage.dpsum.data() + st.index() * kBlockM, kp.dpsum + rows + m * kBlockM, Traits::kRowBytes,
+                    full);
         }
       } else {
         for (int m = tile.m_first; m < tile.m_last; ++m, ++st) {
           uint64_t& full = qdo_pipe.producer_acquire(st, 2 * Traits::kQBytes + 2 * Traits::kRowBytes);
           copy(kp.tma_q.with(full), tQgQ(_, m), tQsQ(_, st.index()));
           copy(kp.tma_do.with(full), tOgO(_, m), tOsO(_, st.index()));
-          bulk_load(storage.lse2.data() + st.index() * kBlockM, kp.lse2 + rows + m * kBlockM, Traits::kRowBytes, full);
-          bulk_load(storage.dpsum.data() + st.index() * kBlockM, kp.dpsum + rows + m * kBlockM, Traits::kRowBytes, full);
+          bulk_load(storage.lse2.data() + st.index() * kBlockM, kp.lse2 + rows + m * kBlockM, Traits::kRowBytes,
+                    full);
+          bulk_load(storage.dpsum.data() + st.index() * kBlockM, kp.dpsum + rows + m * kBlockM, Traits::kRowBytes,
+                    full);
         }
       }
     }
@@ -310,7 +315,7 @@ struct BwdMainloop {
     int ds_buf = 0;
     for (int g = 0; g < group; ++g) {
       for (int m = tile.m_first; m < tile.m_last; ++m, ++st, ds_buf ^= 1) {
-        const int m0 = m * kBlockM;  // unrotated: the walk rotates only without a mask (no use of m0)
+        const int m0 = m * kBlockM;  // the unrotated step's: rotated walks have no mask, which then ignores rows
         qdo_pipe.consumer_wait(st);
         // The step's rows' lse and D, read where they are used (not held across the GEMMs).
         const float* lse2 = storage.lse2.data() + st.index() * kBlockM;
