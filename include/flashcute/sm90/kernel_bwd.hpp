@@ -10,6 +10,8 @@
 //    MMA warpgroups (BwdMainloopSplitD::mma, two or three) add dQ themselves.
 // 3. bwd_postprocess_kernel: dQ = softmax_scale * accumulator, from the fragment order the main
 //    kernel adds it in, converted and stored through shared memory.
+// The main kernel and the postprocess are launched as dependents of the kernel before them
+// (common/pdl.hpp): each becomes resident as the one before drains and waits for it to finish.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -19,6 +21,7 @@
 #include "flashcute/common/dsum.hpp"
 #include "flashcute/common/mask.hpp"
 #include "flashcute/common/params.hpp"
+#include "flashcute/common/pdl.hpp"
 #include "flashcute/sm90/mainloop_bwd.hpp"
 #include "flashcute/sm90/mainloop_bwd_split.hpp"
 #include "flashcute/sm90/traits_bwd.hpp"
@@ -90,6 +93,7 @@ __global__ void __launch_bounds__(256, 2) bwd_preprocess_kernel(const BwdParams 
                                                              int64_t padded_rows) {
   // Two copies of the block: in the fixed-length one the entry's lengths and offsets fold to the
   // params (one copy for both took d 64's causal preprocess from 0.17 to 0.27 ms).
+  allow_dependents();  // the main kernel's CTAs wait for the whole grid (wait_for_primary)
   const int head = int(blockIdx.y), batch = int(blockIdx.z), m_block = blocks.block(int(blockIdx.x));
   if (p.cu_seqlens_q == nullptr) {
     bwd_preprocess_block<Element, kHeadDim, kExact>(p, BwdBatch(p, batch, padded_rows), m_block, head, batch, dpsum,
@@ -114,6 +118,7 @@ template <class Element, int kHeadDim>
 __global__ void __launch_bounds__(256, 2) bwd_preprocess_exact_kernel(const BwdParams p, float* dpsum, float* lse2,
                                                                       float* dq_accum, int* dq_semaphore,
                                                                       int64_t padded_rows) {
+  allow_dependents();
   for (int w = int(blockIdx.x); w < p.batch * p.nheads; w += int(gridDim.x)) {
     const int batch = w / p.nheads, head = w % p.nheads;
     const BwdBatch seq(p, batch, padded_rows);
@@ -148,6 +153,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(__grid_consta
   if (threadIdx.x == 0) Mainloop::init_barriers(storage);
   cutlass::arch::fence_barrier_init();
   __syncthreads();
+  // Resident while the preprocess drains: every global access below comes after its end. The
+  // postprocess's CTAs may start once all of these have, on the SMs the last ones leave.
+  wait_for_primary();
+  allow_dependents();
   const Mainloop mainloop(kp, storage);
   if (cutlass::canonical_warp_group_idx() == 0) {
     // Warp 0 loads (one thread), warp 1 writes dQ (split_d: counts the deterministic adds); the
@@ -192,6 +201,7 @@ __global__ void __launch_bounds__(Traits::kMmaThreads) bwd_postprocess_kernel(co
   static_assert(kThreads % kDqThreads == 0);
   constexpr int kPitch = kHeadDim + 8;  // a tile row in shared memory: 16 bytes of skew against bank conflicts
   __shared__ __align__(16) Element tile[kBlockM * kPitch];
+  wait_for_primary();  // the main kernel's adds
   const int m0 = int(blockIdx.x) * kBlockM, head = int(blockIdx.y), batch = int(blockIdx.z);
   const BwdBatch seq(p, batch, padded_rows);
   if (m0 >= seq.seqlen_q) return;  // varlen: past this entry's queries

@@ -17,6 +17,7 @@
 
 #include "flashcute/common/launch.hpp"
 #include "flashcute/common/params.hpp"
+#include "flashcute/common/pdl.hpp"
 #include "flashcute/common/status.hpp"
 #include "flashcute/sm90/kernel_bwd.hpp"
 #include "flashcute/sm90/tma.hpp"
@@ -112,12 +113,12 @@ Status launch_bwd_with(const BwdParams& params, cudaStream_t stream) {
   constexpr int kSmem = Traits::kSmemBytes;
   constexpr auto kernel = &bwd_kernel<Traits>;
   if (Status st = allow_smem<kernel>(kSmem); !st.ok()) return st;
-  kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(kp);
-  FLASHCUTE_CUDA_CHECK(cudaGetLastError());
+  // Each a dependent of the kernel before it (common/pdl.hpp), which hides its launch.
+  FLASHCUTE_CUDA_CHECK((launch_dependent<kernel>(grid, dim3(Traits::kNThreads), kSmem, stream, kp)));
   const dim3 grid_blocks(unsigned(bwd_padded_rows(p.seqlen_q) / Traits::kBlockM), unsigned(p.nheads),
                          unsigned(p.batch));
-  bwd_postprocess_kernel<Traits><<<grid_blocks, Traits::kMmaThreads, 0, stream>>>(p, dq_accum, padded);
-  FLASHCUTE_CUDA_CHECK(cudaGetLastError());
+  FLASHCUTE_CUDA_CHECK((launch_dependent<&bwd_postprocess_kernel<Traits>>(grid_blocks, dim3(Traits::kMmaThreads), 0,
+                                                                          stream, p, (const float*)dq_accum, padded)));
   return Status::success();
 }
 
