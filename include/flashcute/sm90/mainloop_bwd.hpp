@@ -422,12 +422,6 @@ struct BwdMainloop {
     Tensor sV = smem(storage.v.data(), typename Traits::SmemLayoutK{});  // (BLK_N,D)
     auto smem_copy = make_tiled_copy_C(typename Traits::SmemCopyAtomKV{}, mma_kv);
     auto smem_thr_copy = smem_copy.get_thread_slice(mma_tid);
-    // Every dQ = dS K has read all of K; V's rows are each warpgroup's own.
-    if constexpr (!Traits::kDqOneWg) NamedBarrier::sync(Traits::kMmaThreads, NamedBarriers::kBwdDsReady);
-    copy(smem_copy, smem_thr_copy.retile_S(rdK), smem_thr_copy.partition_D(sK));
-    copy(smem_copy, smem_thr_copy.retile_S(rdV), smem_thr_copy.partition_D(sV));
-    // The rows are all written before threads read rows that other warps wrote.
-    NamedBarrier::sync(128, NamedBarriers::kBwdEpilogue + wg);  // (kBwdDsReady's ids, free by now)
     using TileKV = Shape<_64, Int<kHeadDim>>;
     const int row0 = tile.n_block * kBlockN + 64 * wg;
     typename Traits::GmemTiledCopyKV gmem_copy;
@@ -444,8 +438,24 @@ struct BwdMainloop {
       copy(gmem_copy, tKVsKV, tKVrKV);
       store_tile(gmem_copy, tKVrKV, tKVgKV, tKVcKV, tile.seq.seqlen_k - row0, p.head_dim);
     };
-    store(sK, p.dk, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride);
-    store(sV, p.dv, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
+    if constexpr (!Traits::kDqOneWg) {
+      // dV first: V's rows are each warpgroup's own, while K's are read by both warpgroups' last
+      // dQ = dS K, which the other may still run. A warpgroup's rows are all written before its
+      // threads read rows that its other warps wrote.
+      copy(smem_copy, smem_thr_copy.retile_S(rdV), smem_thr_copy.partition_D(sV));
+      NamedBarrier::sync(128, NamedBarriers::kBwdEpilogueV + wg);
+      store(sV, p.dv, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
+      NamedBarrier::sync(Traits::kMmaThreads, NamedBarriers::kBwdDsReady);
+      copy(smem_copy, smem_thr_copy.retile_S(rdK), smem_thr_copy.partition_D(sK));
+      NamedBarrier::sync(128, NamedBarriers::kBwdEpilogue + wg);  // (kBwdDsReady's ids, free by now)
+      store(sK, p.dk, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride);
+    } else {  // both warpgroups have left the main loop (mma_wg's last waits)
+      copy(smem_copy, smem_thr_copy.retile_S(rdK), smem_thr_copy.partition_D(sK));
+      copy(smem_copy, smem_thr_copy.retile_S(rdV), smem_thr_copy.partition_D(sV));
+      NamedBarrier::sync(128, NamedBarriers::kBwdEpilogue + wg);
+      store(sK, p.dk, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride);
+      store(sV, p.dv, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
+    }
   }
 };
 

@@ -34,6 +34,9 @@ struct NamedBarriers {
   // + MMA warpgroup 0/1: its dK and dV staged (128 threads); kBwdDsReady's ids, which are free
   // once both warpgroups have left the main loop.
   static constexpr uint32_t kBwdEpilogue = 0;
+  // + MMA warpgroup 0/1, not dq_one_wg: its dV staged, while the other may still be in the main
+  // loop (kBwdDsFree's ids, which only dq_one_wg configs use).
+  static constexpr uint32_t kBwdEpilogueV = 2;
   static constexpr uint32_t kBwdDqTurn = 7;  // split_d, deterministic: the MMA threads around a dQ add
 };
 
