@@ -97,6 +97,9 @@ CASES: tuple[Case, ...] = (
     # A causal call of 16 query tiles per head and 136 units (more than the 132 SMs): a rotated
     # round of pairs, then the tail dealt tile by tile (sm90/scheduler.hpp).
     Case("causal-rounds-tail", 1, 2048, 2048, 17, 17, 64, causal=True),
+    # 288 (key block, KV head, batch) tiles, more than twice the SMs: d 128's persistent backward
+    # takes several a CTA (sm90/kernel_bwd.hpp).
+    Case("bwd-persistent-tiles", 12, 64, 300, 8, 8, 128, causal=True),
 )
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -290,6 +293,8 @@ VARLEN_CASES: tuple[VarlenCase, ...] = (
     VarlenCase("varlen-ragged-causal", (17, 1, 0, 300), (17, 40, 5, 300), 4, 2, 64, causal=True),
     VarlenCase("varlen-gqa-window", (200, 129, 77), (150, 129, 300), 8, 2, 128, window=(40, 7)),
     VarlenCase("varlen-equal-causal", (192, 192, 192), (100, 192, 250), 4, 2, 128, causal=True),  # sm90: the longest's walk
+    # 300 tiles, most past their sequence's keys: d 128's persistent backward skips those.
+    VarlenCase("varlen-many-tiles", (100,) + (3, 0, 40) * 8, (300,) + (7, 20, 0) * 8, 8, 4, 128, causal=True),
     VarlenCase("varlen-out-of-range", (64, 64, 64), (48, 48, 48), 2, 2, 64, causal=True,
                cu=((0, 1 << 30, -5, 192), (-100, 10, 9, 1 << 20))),
     # Sequences 0 and 2 both take rows [0, 300) (1 is empty): their sm90 workspace blocks overlap.

@@ -80,7 +80,8 @@ TEST(PlanBwd, Sm90WorkspaceIsPaddedRowsTimesHeadDimPlusTwo) {
     ASSERT_TRUE(flashcute::sm90::has_bwd_config(hd)) << hd;
     EXPECT_EQ(flashcute::sm90::bwd_padded_rows(1) % flashcute::sm90::default_bwd_config(hd).block_m, 0) << hd;
   }
-  EXPECT_EQ(flashcute::sm90::bwd_workspace_floats(2, 8, 100, 128), 2 * 8 * 128 * 130 + 2 * 8 * 2);  // + add counts
+  // + add counts + the tile counter
+  EXPECT_EQ(flashcute::sm90::bwd_workspace_floats(2, 8, 100, 128), 2 * 8 * 128 * 130 + 2 * 8 * 2 + 1);
   EXPECT_EQ(flashcute::sm90::bwd_workspace_floats(0, 8, 100, 64), 0);
 }
 
@@ -149,7 +150,7 @@ TEST(PlanBwd, NamesTheSm90KernelForVarlen) {
                                    flashcute::tensor_ref(fake(0xc00000), DType::kInt32, {4}), 60, 70};
   const int hd = flashcute::kernel_head_dim(d, dt, flashcute::Direction::kBwd, flashcute::Arch::kSm90);
   // (nheads, padded total) rows: 100 rounded to 128, and 128 for each of the 3 sequences.
-  EXPECT_EQ(flashcute::sm90::bwd_varlen_workspace_floats(3, 8, 100, 128), 8 * 512 * 130 + 8 * 512 / 64);
+  EXPECT_EQ(flashcute::sm90::bwd_varlen_workspace_floats(3, 8, 100, 128), 8 * 512 * 130 + 8 * 512 / 64 + 1);
   a.workspace = flashcute::mutable_tensor_ref(fake_mut(0xa00000), DType::kFloat32,
                                               {flashcute::sm90::bwd_varlen_workspace_floats(3, 8, 100, 256)});
   flashcute::BwdPlan p;

@@ -293,6 +293,33 @@ print("ok")
     assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stdout + run.stderr
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["nomask", "causal"])
+def test_more_tiles_than_sms(torch, sm90_bwd_why_not, require_kernel, causal):
+    """d 128's persistent main kernel (sm90/kernel_bwd.hpp) with more (key block, KV head, batch)
+    tiles than twice the SMs, so that each CTA takes several in turn: a tile's K and V load while
+    the one before stores its dK and dV, and its dQ adds follow the tile before's. GQA 4:1, 300 keys
+    (a last key block of 44), by the rule; deterministic twice, the same bits."""
+    require_kernel("bfloat16", 128)
+    if why := sm90_bwd_why_not(128, "bfloat16"):
+        pytest.skip(why)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    hk, key_blocks = 8, 3
+    b = (2 * sms + hk * key_blocks) // (hk * key_blocks)
+    case = Case(b, 200, 300, 4 * hk, hk, 128, causal=causal)
+    q, k, v, dout = _inputs(torch, case, "bfloat16", seed=17)
+    out, lse = flashcute.flash_attn_func(q, k, v, return_lse=True, causal=causal)
+    grads = flashcute.flash_attn_bwd(dout, q, k, v, out, lse, causal=causal)
+    assert flashcute.last_backward_path() == "sm90"
+    check = check_gradients(grads, dout, q, k, v, causal=causal)
+    assert check.ok, check.message
+    first = flashcute.flash_attn_bwd(dout, q, k, v, out, lse, causal=causal, deterministic=True)
+    check = check_gradients(first, dout, q, k, v, causal=causal)
+    assert check.ok, check.message
+    again = flashcute.flash_attn_bwd(dout, q, k, v, out, lse, causal=causal, deterministic=True)
+    for x, y in zip(first, again):
+        assert torch.equal(x, y)
+
+
 def test_compile_forward_and_backward(torch, require_kernel):
     require_kernel("bfloat16", 64)
     torch._dynamo.reset()

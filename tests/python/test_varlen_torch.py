@@ -248,6 +248,41 @@ def test_cuda_graph_replays_with_new_lengths(torch, require_kernel):
         assert torch.equal(out, eager), (lens_q, lens_k)
 
 
+@pytest.mark.parametrize("deterministic", [False, True], ids=["default", "deterministic"])
+def test_backward_more_tiles_than_sms(torch, sm90_bwd_why_not, require_kernel, deterministic):
+    """d 128's persistent sm90 backward over a batch of one long sequence and many short ones (and
+    empty ones): more tiles than twice the SMs, most of them past their sequence's keys (skipped).
+    Each sequence's gradients by the rule; a sequence without queries gets zero dk and dv."""
+    require_kernel("bfloat16", 128)
+    if why := sm90_bwd_why_not(128, "bfloat16"):
+        pytest.skip(why)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    hk = 4
+    short = (2 * sms) // (3 * hk) + 1  # 3 key blocks (the long sequence's) per sequence and KV head
+    lens_q = (300,) + tuple((0, 1, 70, 129)[i % 4] for i in range(short))
+    lens_k = (330,) + tuple((5, 64, 130, 0)[i % 4] for i in range(short))
+    case = Case(lens_q, lens_k, h=2 * hk, hk=hk, d=128, causal=True)
+    q, k, v, dout = _inputs(torch, case, "bfloat16", seed=23)
+    cu_q, cu_k = _cu(torch, lens_q), _cu(torch, lens_k)
+    leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+    out = flashcute.flash_attn_varlen_func(*leaves, cu_q, cu_k, max(lens_q), max(lens_k), causal=True,
+                                           deterministic=deterministic)
+    out.backward(dout)
+    assert flashcute.last_backward_path() == "sm90"
+    dq, dk, dv = (x.grad for x in leaves)
+    for (q0, q1), (k0, k1) in zip(_spans(lens_q), _spans(lens_k)):
+        if q1 == q0:
+            assert not dk[k0:k1].any() and not dv[k0:k1].any()
+            continue
+        if k1 == k0:
+            assert not dq[q0:q1].any()
+            continue
+        grads = (dq[None, q0:q1], dk[None, k0:k1], dv[None, k0:k1])
+        check = check_gradients(grads, dout[None, q0:q1], q[None, q0:q1], k[None, k0:k1], v[None, k0:k1],
+                                causal=True)
+        assert check.ok, (q0, q1, k0, k1, check.message)
+
+
 def test_garbage_cu_seqlens_stay_inside_the_arrays(torch, require_kernel):
     """Out-of-range, negative and decreasing entries are clamped on the device: no fault, and no
     write outside out (guards) or into other memory (compute-sanitizer checks the reads)."""

@@ -186,6 +186,9 @@ struct BwdConfig {
   // Deterministic calls without a mask may walk the query blocks rotated (scheduler.hpp, BwdTile).
   // Kept at d 64 only: at d 128 it gained nothing (perf-notes, b28).
   bool rotate = false;
+  // The main kernel persistent: one CTA an SM takes (key block, KV head, batch) tiles in order from
+  // a counter, and loads a tile's K, V and Q/dO while the tile before stores dK and dV.
+  bool persistent = false;
   constexpr int mma_warpgroups() const { return mma_wgs; }
   constexpr int num_threads() const { return 128 * (mma_warpgroups() + 1); }
 };
@@ -195,7 +198,7 @@ struct BwdConfig {
 // at d 192 (96 keys), two of 128 at d 256 (64 keys, so that two Q and dO stages fit).
 constexpr BwdConfig default_bwd_config(int head_dim) {
   if (head_dim == 64) return {.head_dim = 64, .block_m = 128, .block_n = 128, .dq_one_wg = true, .rotate = true};
-  if (head_dim == 128) return {128, 64, 128};
+  if (head_dim == 128) return {.head_dim = 128, .block_m = 64, .block_n = 128, .persistent = true};
   if (head_dim == 192)
     return {.head_dim = 192, .block_m = 64, .block_n = 96, .producer_regs = 32, .mma_regs = 160, .split_d = true,
             .mma_wgs = 3};
@@ -209,10 +212,11 @@ constexpr bool has_bwd_config(int head_dim) { return default_bwd_config(head_dim
 constexpr int64_t bwd_padded_rows(int64_t seqlen_q) { return (seqlen_q + 127) / 128 * 128; }
 // The float32 workspace of an sm90 backward: D = rowsum(dO o O) and the lse in log2 units, one
 // per padded query row and head, then the dQ accumulator (padded rows x kernel head dim), then
-// the deterministic mode's add counts (int32, one per 64 padded rows and head).
+// the deterministic mode's add counts (int32, one per 64 padded rows and head), then the persistent
+// main kernel's tile counter (int32).
 constexpr int64_t bwd_workspace_floats(int64_t batch, int64_t nheads, int64_t seqlen_q, int kernel_head_dim) {
   const int64_t rows = batch * nheads * bwd_padded_rows(seqlen_q);
-  return rows * (2 + int64_t(kernel_head_dim)) + rows / 64;
+  return rows == 0 ? 0 : rows * (2 + int64_t(kernel_head_dim)) + rows / 64 + 1;
 }
 // A varlen batch of `batch` sequences and total_q queries: the same arrays, one run of rows a head
 // in which sequence b starts at (cu_seqlens_q[b] + 128 b) rounded down to 128 (BwdBatch).

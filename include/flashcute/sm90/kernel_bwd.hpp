@@ -94,6 +94,11 @@ __global__ void __launch_bounds__(256, 2) bwd_preprocess_kernel(const BwdParams 
   // Two copies of the block: in the fixed-length one the entry's lengths and offsets fold to the
   // params (one copy for both took d 64's causal preprocess from 0.17 to 0.27 ms).
   allow_dependents();  // the main kernel's CTAs wait for the whole grid (wait_for_primary)
+  if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && threadIdx.x == 0) {
+    // The persistent main kernel's tile counter, after the add counts (config.hpp).
+    const int64_t all = (p.cu_seqlens_q != nullptr ? 1 : p.batch) * int64_t(p.nheads) * padded_rows;
+    *reinterpret_cast<int*>(dq_accum + all * kHeadDim + all / 64) = 0;
+  }
   const int head = int(blockIdx.y), batch = int(blockIdx.z), m_block = blocks.block(int(blockIdx.x));
   if (p.cu_seqlens_q == nullptr) {
     bwd_preprocess_block<Element, kHeadDim, kExact>(p, BwdBatch(p, batch, padded_rows), m_block, head, batch, dpsum,
@@ -183,6 +188,82 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(__grid_consta
     mainloop.template mma_wg<0>(tile, tile.seq.mask(p), int(threadIdx.x) - 128);
   else
     mainloop.template mma_wg<1>(tile, tile.seq.mask(p), int(threadIdx.x) - 128);
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+}
+
+// The main kernel, persistent (BwdConfig::persistent; not split_d): gridDim.x CTAs, one an SM, take
+// the tiles in the order of bwd_kernel's grid (key block fastest): the first at blockIdx.x, then
+// from kp.tile_counter. Warp 0's thread loads and hands each tile index to the writer warp and the
+// MMA warps through a two-slot ring; a tile's K and V load once the MMA warps are done with the
+// previous tile's, while those store its dK and dV from registers.
+template <class Traits>
+__global__ void __launch_bounds__(Traits::kNThreads, 1)
+    bwd_kernel_persistent(__grid_constant__ const BwdKernelParams<Traits> kp) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Mainloop = BwdMainloop<Traits>;
+  static_assert(!Traits::kSplitD && Traits::kConfig.persistent);
+  extern __shared__ __align__(1024) char smem_buf[];
+  auto& storage = *reinterpret_cast<typename Traits::SharedStorage*>(smem_buf);
+  const BwdParams& p = kp.params;
+  if (threadIdx.x == 0) Mainloop::init_barriers(storage);
+  cutlass::arch::fence_barrier_init();
+  __syncthreads();
+  wait_for_primary();
+  allow_dependents();
+  const Mainloop mainloop(kp, storage);
+  const int n_blocks = (p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
+  const int tiles = n_blocks * p.nheads_k * p.batch;
+  // Tile t's BwdTile; has_keys: false where it has none (varlen: past its entry's).
+  auto tile_of = [&](int t) {
+    const int block = t % n_blocks, head_k = t / n_blocks % p.nheads_k, batch = t / n_blocks / p.nheads_k;
+    return bwd_tile<Traits::kBlockM, Traits::kBlockN>(p, bwd_n_block(p, block, n_blocks), head_k, batch,
+                                                      kp.padded_rows, false);
+  };
+  auto has_keys = [](const BwdTile& tile) { return tile.n_block * Traits::kBlockN < tile.seq.seqlen_k; };
+  if (cutlass::canonical_warp_group_idx() == 0) {
+    cutlass::arch::warpgroup_reg_dealloc<Traits::kConfig.producer_regs>();
+    const int warp = cutlass::canonical_warp_idx_sync();
+    if (warp == 1) {
+      const bool leader = cute::elect_one_sync();
+      mainloop.write_dq_begin();
+      for (int i = 0;; ++i) {
+        const int t = mainloop.read_tile(i);
+        if (t >= tiles) break;
+        const BwdTile tile = tile_of(t);
+        if (has_keys(tile)) mainloop.write_dq(tile, tile.seq.mask(p), leader);
+      }
+      if (leader) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+    }
+    if (warp != 0 || !cute::elect_one_sync()) return;
+    typename Mainloop::State st;
+    int t = int(blockIdx.x), j = 0;
+    for (int i = 0;; ++i) {
+      mainloop.publish_tile(i, t);
+      if (t >= tiles) break;
+      const BwdTile tile = tile_of(t);
+      if (has_keys(tile)) mainloop.load(tile, st, j++);
+      t = int(gridDim.x) + atomicAdd(kp.tile_counter, 1);
+    }
+    return;
+  }
+  cutlass::arch::warpgroup_reg_alloc<Traits::kConfig.mma_regs>();
+  const int mma_tid = int(threadIdx.x) - 128;
+  auto run = [&](auto wg) {
+    constexpr int kWg = decltype(wg)::value;
+    typename Mainloop::State st;
+    int ds_buf = 0, j = 0;
+    for (int i = 0;; ++i) {
+      const int t = mainloop.read_tile(i);
+      if (t >= tiles) break;
+      const BwdTile tile = tile_of(t);
+      if (has_keys(tile)) mainloop.template mma_wg<kWg>(tile, tile.seq.mask(p), mma_tid, st, ds_buf, j++);
+    }
+    mainloop.template mma_end<kWg>(mma_tid);
+  };
+  if (!Traits::kDqOneWg || cutlass::canonical_warp_group_idx() == 1)
+    run(cute::Int<0>{});
+  else
+    run(cute::Int<1>{});
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 }
 

@@ -96,7 +96,8 @@ Status launch_bwd_with(const BwdParams& params, cudaStream_t stream) {
   // Deterministic calls without a mask walk rotated (BwdTile) where the config does: a CTA then
   // also waits for key blocks launched after it, so only where an entry's key blocks (grid.x at
   // most) fit on half the SMs at once, one CTA an SM, even beside another stream's kernels.
-  const bool rotate = Traits::kConfig.rotate && p.deterministic && int(grid.x) <= device_sms() / 2;
+  const bool rotate =
+      Traits::kConfig.rotate && !Traits::kConfig.persistent && p.deterministic && int(grid.x) <= device_sms() / 2;
   const BwdKernelParams<Traits> kp{
       p,
       dpsum,
@@ -109,12 +110,21 @@ Status launch_bwd_with(const BwdParams& params, cudaStream_t stream) {
       make_tma_copy(SM90_TMA_LOAD{}, k, typename Traits::SmemLayoutK{}),
       make_tma_copy(SM90_TMA_LOAD{}, v, typename Traits::SmemLayoutK{}),
       rotate,
+      reinterpret_cast<int*>(dq_accum + rows * kHeadDim + rows / 64),
   };
   constexpr int kSmem = Traits::kSmemBytes;
-  constexpr auto kernel = &bwd_kernel<Traits>;
-  if (Status st = allow_smem<kernel>(kSmem); !st.ok()) return st;
   // Each a dependent of the kernel before it (common/pdl.hpp), which hides its launch.
-  FLASHCUTE_CUDA_CHECK((launch_dependent<kernel>(grid, dim3(Traits::kNThreads), kSmem, stream, kp)));
+  if constexpr (Traits::kConfig.persistent && !Traits::kSplitD) {
+    constexpr auto kernel = &bwd_kernel_persistent<Traits>;
+    if (Status st = allow_smem<kernel>(kSmem); !st.ok()) return st;
+    const int tiles = int(grid.x * grid.y * grid.z);
+    const dim3 ctas(unsigned(std::max(1, std::min(tiles, device_sms()))));
+    FLASHCUTE_CUDA_CHECK((launch_dependent<kernel>(ctas, dim3(Traits::kNThreads), kSmem, stream, kp)));
+  } else {
+    constexpr auto kernel = &bwd_kernel<Traits>;
+    if (Status st = allow_smem<kernel>(kSmem); !st.ok()) return st;
+    FLASHCUTE_CUDA_CHECK((launch_dependent<kernel>(grid, dim3(Traits::kNThreads), kSmem, stream, kp)));
+  }
   const dim3 grid_blocks(unsigned(bwd_padded_rows(p.seqlen_q) / Traits::kBlockM), unsigned(p.nheads),
                          unsigned(p.batch));
   FLASHCUTE_CUDA_CHECK((launch_dependent<&bwd_postprocess_kernel<Traits>>(grid_blocks, dim3(Traits::kMmaThreads), 0,

@@ -90,6 +90,13 @@ struct BwdMainloop {
   CUTE_DEVICE static void init_barriers(Storage& storage) {
     Pipeline::init(storage.qdo_bar, Traits::kMmaThreads);  // each MMA thread releases (consumer_release_thread)
     cutlass::arch::ClusterTransactionBarrier::init(&storage.kv_full, 1);
+    if constexpr (Traits::kConfig.persistent && !Traits::kSplitD) {
+      for (int i = 0; i < 2; ++i) {
+        cutlass::arch::ClusterBarrier::init(&storage.tile_full[i], 1);
+        cutlass::arch::ClusterBarrier::init(&storage.tile_empty[i], 32 + Traits::kMmaThreads);
+      }
+      cutlass::arch::ClusterBarrier::init(&storage.kv_empty, Traits::kMmaThreads);
+    }
     if constexpr (requires { storage.dq_added; }) {  // split_d
       for (int i = 0; i < 2; ++i) {
         cutlass::arch::ClusterBarrier::init(&storage.dq_added[i], Traits::kMmaThreads);
@@ -109,8 +116,30 @@ struct BwdMainloop {
     return kp.dq_semaphore == nullptr ? nullptr : kp.dq_semaphore + (rows + int64_t(m) * kBlockM) / 64;
   }
 
-  // Producer, one thread.
+  // persistent: the tile ring. The producer publishes its i-th tile index (gridDim.x or more: none
+  // left); the writer warp and the MMA warps read it in turn.
+  CUTE_DEVICE void publish_tile(int i, int t) const {
+    const int slot = i & 1;
+    if (i >= 2) cutlass::arch::ClusterBarrier::wait(&storage.tile_empty[slot], ((i >> 1) - 1) & 1);
+    storage.tile_slot[slot] = t;
+    cutlass::arch::ClusterBarrier::arrive(&storage.tile_full[slot]);
+  }
+  CUTE_DEVICE int read_tile(int i) const {
+    const int slot = i & 1;
+    cutlass::arch::ClusterBarrier::wait(&storage.tile_full[slot], (i >> 1) & 1);
+    const int t = storage.tile_slot[slot];
+    cutlass::arch::ClusterBarrier::arrive(&storage.tile_empty[slot]);
+    return t;
+  }
+
+  // Producer, one thread: the CTA's tile.
   CUTE_DEVICE void load(const BwdTile& tile) const {
+    State st;
+    load(tile, st, 0);
+  }
+  // persistent: the CTA's j-th tile (from 0), once the MMA warps are done with the K and V of tile
+  // j - 1; st continues from the tile before.
+  CUTE_DEVICE void load(const BwdTile& tile, State& st, int j) const {
     using namespace cute;
     const BwdParams& p = kp.params;
     const int group = p.nheads / p.nheads_k;
@@ -135,10 +164,12 @@ struct BwdMainloop {
     Tensor sdO = smem(storage.dout.data(), typename Traits::SmemLayoutQ{});                            // (BLK_M,D,PIPE)
     auto [tKgK, tKsK] = tma_partition(kp.tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
     auto [tVgV, tVsV] = tma_partition(kp.tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+    if constexpr (Traits::kConfig.persistent && !Traits::kSplitD) {
+      if (j > 0) cutlass::arch::ClusterBarrier::wait(&storage.kv_empty, (j - 1) & 1);
+    }
     cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&storage.kv_full, 2 * Traits::kKBytes);
     copy(kp.tma_k.with(storage.kv_full), tKgK, tKsK);
     copy(kp.tma_v.with(storage.kv_full), tVgV, tVsV);
-    State st;
     for (int g = 0; g < group; ++g) {
       const int head = tile.head_k * group + g;
       auto queries_of = [&](const auto& m) {  // (Sq,d) of this entry and head
@@ -183,6 +214,16 @@ struct BwdMainloop {
   // by a bulk reduce each. Each half has its own full/empty barrier pair, so half 0 is added while
   // half 1 is still computed or staged.
   CUTE_DEVICE void write_dq(const BwdTile& tile, const KeyMask& keys) const {
+    const bool leader = cute::elect_one_sync();
+    write_dq_begin();
+    write_dq(tile, keys, leader);
+    if (leader) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+  }
+  CUTE_DEVICE void write_dq_begin() const {
+    using cutlass::arch::NamedBarrier;
+    for (int h = 0; h < 2; ++h) NamedBarrier::arrive(128 + 32, NamedBarriers::kBwdDqEmpty + h);  // start empty
+  }
+  CUTE_DEVICE void write_dq(const BwdTile& tile, const KeyMask& keys, bool leader) const {
     using cutlass::arch::NamedBarrier;
     const BwdParams& p = kp.params;
     const int group = p.nheads / p.nheads_k;
@@ -190,8 +231,6 @@ struct BwdMainloop {
     constexpr int kHalf = Traits::kDqChunk / 2;
     constexpr uint32_t kBytes = kHalf * sizeof(float);
     static_assert(kBlockM % 64 == 0, "the workspace has one dQ add count per 64 rows (config.hpp)");
-    const bool leader = cute::elect_one_sync();
-    for (int h = 0; h < 2; ++h) NamedBarrier::arrive(kThreads, NamedBarriers::kBwdDqEmpty + h);  // start empty
     for (int g = 0; g < group; ++g) {
       const int64_t rows = head_rows(tile, tile.head_k * group + g);
       float* dq_accum = kp.dq_accum + rows * kHeadDim;
@@ -220,13 +259,32 @@ struct BwdMainloop {
         NamedBarrier::arrive(kThreads, NamedBarriers::kBwdDqEmpty + 1);
       }
     }
-    if (leader) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
   }
 
   // An MMA warpgroup (mma_tid in [0, 256)): the whole tile, then dK and dV stored. Each computes
   // its half of dQ (both run kWg = 0), or with dq_one_wg warpgroup kWg = 1 both halves and 0 none.
   template <int kWg>
   CUTE_DEVICE void mma_wg(const BwdTile& tile, const KeyMask& keys, int mma_tid) const {
+    State st;
+    int ds_buf = 0;
+    mma_wg<kWg>(tile, keys, mma_tid, st, ds_buf, 0);
+  }
+  // The writer's last arrivals on the halves this warpgroup staged; dq_one_wg, warpgroup 0:
+  // warpgroup 1's last arrivals (its dQ has read all of K).
+  template <int kWg>
+  CUTE_DEVICE void mma_end(int mma_tid) const {
+    using cutlass::arch::NamedBarrier;
+    constexpr int kDqThreads = 128 + 32;
+    if constexpr (!Traits::kDqOneWg) {
+      NamedBarrier::sync(kDqThreads, NamedBarriers::kBwdDqEmpty + mma_tid / 128);
+    } else if constexpr (kWg == 1) {
+      for (int h = 0; h < 2; ++h) NamedBarrier::sync(kDqThreads, NamedBarriers::kBwdDqEmpty + h);
+    } else if constexpr (!Traits::kConfig.persistent) {  // persistent: at each tile's end
+      for (int b = 0; b < 2; ++b) NamedBarrier::sync(Traits::kMmaThreads, NamedBarriers::kBwdDsFree + b);
+    }
+  }
+  template <int kWg>
+  CUTE_DEVICE void mma_wg(const BwdTile& tile, const KeyMask& keys, int mma_tid, State& st, int& ds_buf, int j) const {
     using namespace cute;
     const BwdParams& p = kp.params;
     const int group = p.nheads / p.nheads_k;
@@ -298,7 +356,9 @@ struct BwdMainloop {
     constexpr int kMma = Traits::kMmaThreads;
     // dq_one_wg, dS buffer b: warpgroup 1 starts it free (0 waits for it before writing its half).
     if constexpr (kOneWay && kWg == 1) {
-      for (int b = 0; b < 2; ++b) NamedBarrier::arrive(kMma, NamedBarriers::kBwdDsFree + b);
+      if (j == 0) {
+        for (int b = 0; b < 2; ++b) NamedBarrier::arrive(kMma, NamedBarriers::kBwdDsFree + b);
+      }
     }
 
     clear(acc_dv);
@@ -310,9 +370,7 @@ struct BwdMainloop {
     const float exp_scale = (softcap ? p.softcap : p.softmax_scale) * kLog2e;
     const float prescale = softcap ? p.softmax_scale / p.softcap : 0.f;
     const float inv_exp_scale = 1.f / exp_scale;
-    cutlass::arch::ClusterTransactionBarrier::wait(&storage.kv_full, 0);
-    State st;
-    int ds_buf = 0;
+    cutlass::arch::ClusterTransactionBarrier::wait(&storage.kv_full, j & 1);
     for (int g = 0; g < group; ++g) {
       for (int m = tile.m_first; m < tile.m_last; ++m, ++st, ds_buf ^= 1) {
         const int m0 = m * kBlockM;  // the unrotated step's: rotated walks have no mask, which then ignores rows
@@ -393,15 +451,76 @@ struct BwdMainloop {
         qdo_pipe.consumer_release_thread(st);
       }
     }
-    // The writer's last arrivals on the halves this warpgroup staged.
-    if constexpr (!kOneWay) {
-      NamedBarrier::sync(kDqThreads, NamedBarriers::kBwdDqEmpty + wg);
-    } else if constexpr (kWg == 1) {
-      for (int h = 0; h < 2; ++h) NamedBarrier::sync(kDqThreads, NamedBarriers::kBwdDqEmpty + h);
-    } else {  // warpgroup 1's last arrivals: its dQ has read all of K, which store_dkv overwrites
-      for (int b = 0; b < 2; ++b) NamedBarrier::sync(kMma, NamedBarriers::kBwdDsFree + b);
+    if constexpr (Traits::kConfig.persistent) {
+      // Every wgmma of this warpgroup that reads K or V is done: the next tile's may load.
+      cutlass::arch::ClusterBarrier::arrive(&storage.kv_empty);
+      if constexpr (kOneWay && kWg == 0) {  // warpgroup 1's last arrivals: its dQ has read the dS buffers
+        for (int b = 0; b < 2; ++b) NamedBarrier::sync(kMma, NamedBarriers::kBwdDsFree + b);
+      }
+      store_dkv_staged(tile, mma_kv, mma_tid, acc_dk, acc_dv);
+      if constexpr (kOneWay && kWg == 1) {  // the next tile's dS buffers start free
+        for (int b = 0; b < 2; ++b) NamedBarrier::arrive(kMma, NamedBarriers::kBwdDsFree + b);
+      }
+    } else {
+      mma_end<kWg>(mma_tid);
+      store_dkv(tile, mma_kv, mma_tid, acc_dk, acc_dv);
     }
-    store_dkv(tile, mma_kv, mma_tid, acc_dk, acc_dv);
+  }
+
+  // persistent: dK and dV through the dS buffers (free once every dQ of the tile has read them),
+  // so that the next tile's K and V may load meanwhile; both in one round where they fit.
+  template <class TiledMma, class Acc>
+  CUTE_DEVICE void store_dkv_staged(const BwdTile& tile, const TiledMma& mma_kv, int mma_tid, Acc& acc_dk,
+                                    Acc& acc_dv) const {
+    using namespace cute;
+    using cutlass::arch::NamedBarrier;
+    const BwdParams& p = kp.params;
+    const int wg = mma_tid / 128;
+    CUTE_UNROLL
+    for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= p.softmax_scale;
+    Tensor rdK = make_fragment_like<Element>(acc_dk);  // ((2,2,D/8),1,1)
+    Tensor rdV = make_fragment_like<Element>(acc_dv);
+    convert_fragment_into(acc_dk, rdK);
+    convert_fragment_into(acc_dv, rdV);
+    constexpr int kKv = cute::cosize_v<typename Traits::SmemLayoutK>;
+    constexpr bool kOneRound = 2 * kKv <= cute::cosize_v<typename Traits::SmemLayoutDS>;
+    Tensor sA = smem(storage.ds.data(), typename Traits::SmemLayoutK{});                            // (BLK_N,D)
+    Tensor sB = smem(storage.ds.data() + (kOneRound ? kKv : 0), typename Traits::SmemLayoutK{});  // (BLK_N,D)
+    auto smem_copy = make_tiled_copy_C(typename Traits::SmemCopyAtomKV{}, mma_kv);
+    auto smem_thr_copy = smem_copy.get_thread_slice(mma_tid);
+    using TileKV = Shape<_64, Int<kHeadDim>>;
+    const int row0 = tile.n_block * kBlockN + 64 * wg;
+    typename Traits::GmemTiledCopyKV gmem_copy;
+    auto gmem_thr_copy = gmem_copy.get_thread_slice(mma_tid % 128);
+    Tensor tKVcKV = gmem_thr_copy.partition_D(make_identity_tensor(TileKV{}));  // (CPY,CPY_M,CPY_D) -> (row,col)
+    auto store = [&](auto const& s_tile, void* base, int64_t batch_stride, int64_t row_stride,
+                     int64_t head_stride) {
+      Element* g = static_cast<Element*>(base) + tile.batch * batch_stride + tile.head_k * head_stride +
+                   int64_t(tile.seq.k_start + row0) * row_stride;
+      Tensor gKV = make_tensor(make_gmem_ptr(g), TileKV{}, make_stride(row_stride, _1{}));  // (64,D)
+      Tensor tKVsKV = gmem_thr_copy.partition_S(local_tile(s_tile, TileKV{}, make_coord(wg, 0)));  // (CPY,CPY_M,CPY_D)
+      Tensor tKVgKV = gmem_thr_copy.partition_D(gKV);                                              // (CPY,CPY_M,CPY_D)
+      Tensor tKVrKV = make_tensor<Element>(shape(tKVgKV));
+      copy(gmem_copy, tKVsKV, tKVrKV);
+      store_tile(gmem_copy, tKVrKV, tKVgKV, tKVcKV, tile.seq.seqlen_k - row0, p.head_dim);
+    };
+    // Both warpgroups are past the tile's last dQ = dS K (two-way: they meet here).
+    if constexpr (!Traits::kDqOneWg) NamedBarrier::sync(Traits::kMmaThreads, NamedBarriers::kBwdDsReady);
+    copy(smem_copy, smem_thr_copy.retile_S(rdK), smem_thr_copy.partition_D(sA));
+    if constexpr (kOneRound) copy(smem_copy, smem_thr_copy.retile_S(rdV), smem_thr_copy.partition_D(sB));
+    // A warpgroup's own rows: two-way, on ids the other warpgroup's 256-thread syncs do not use.
+    constexpr uint32_t kOwn = Traits::kDqOneWg ? NamedBarriers::kBwdEpilogue : NamedBarriers::kBwdEpilogueV;
+    NamedBarrier::sync(128, kOwn + wg);
+    store(sA, p.dk, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride);
+    if constexpr (!kOneRound) {
+      NamedBarrier::sync(128, kOwn + wg);  // this warpgroup's rows read out
+      copy(smem_copy, smem_thr_copy.retile_S(rdV), smem_thr_copy.partition_D(sB));
+      NamedBarrier::sync(128, kOwn + wg);
+    }
+    store(sB, p.dv, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
+    // The other warpgroup's next dS stores may overwrite these rows only once they are read out
+    // (dq_one_wg: warpgroup 0 waits for warpgroup 1's kBwdDsFree arrivals after this).
+    if constexpr (!Traits::kDqOneWg) NamedBarrier::sync(Traits::kMmaThreads, NamedBarriers::kBwdDsReady);
   }
 
   // dK (scaled by softmax_scale) and dV through the K and V buffers, which the last step no longer

@@ -156,6 +156,9 @@ struct BwdTraits : BwdTraitsBase<kDType, kCfg> {
     cute::array_aligned<float, kStages * kBlockM, 128> dpsum;
     PipelineBarriers<kStages> qdo_bar;  // a step's Q and dO, one barrier pair per buffer
     uint64_t kv_full;                   // the CTA's K and V, loaded once
+    // persistent: the tile ring (producer -> writer and MMA warps) and K, V free for the next tile
+    uint64_t tile_full[2], tile_empty[2], kv_empty;
+    int tile_slot[2];
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static_assert(kSmemBytes <= 227 * 1024, "shared storage exceeds 227 KB");
@@ -257,6 +260,7 @@ struct BwdKernelParams {
   typename Traits::TmaK tma_k;
   typename Traits::TmaK tma_v;
   bool dq_rotate;  // the CTAs walk their query blocks rotated (BwdTile), where the mask allows it
+  int* tile_counter;  // persistent: taken tiles past the first gridDim.x, zeroed by the preprocess
 };
 
 }  // namespace flashcute::sm90
