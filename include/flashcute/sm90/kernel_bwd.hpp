@@ -241,7 +241,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       mainloop.publish_tile(i, t);
       if (t >= tiles) break;
       const BwdTile tile = tile_of(t);
-      if (has_keys(tile)) mainloop.load(tile, st, j++);
+      if (has_keys(tile)) mainloop.load(tile, &st, j++);
       t = int(gridDim.x) + atomicAdd(kp.tile_counter, 1);
     }
     return;

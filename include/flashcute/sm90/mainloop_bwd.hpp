@@ -133,13 +133,10 @@ struct BwdMainloop {
   }
 
   // Producer, one thread: the CTA's tile.
-  CUTE_DEVICE void load(const BwdTile& tile) const {
-    State st;
-    load(tile, st, 0);
-  }
+  CUTE_DEVICE void load(const BwdTile& tile) const { load(tile, nullptr, 0); }
   // persistent: the CTA's j-th tile (from 0), once the MMA warps are done with the K and V of tile
-  // j - 1; st continues from the tile before.
-  CUTE_DEVICE void load(const BwdTile& tile, State& st, int j) const {
+  // j - 1; the Q/dO stages continue from *carried (the tile before's) and are left there.
+  CUTE_DEVICE void load(const BwdTile& tile, State* carried, int j) const {
     using namespace cute;
     const BwdParams& p = kp.params;
     const int group = p.nheads / p.nheads_k;
@@ -170,6 +167,7 @@ struct BwdMainloop {
     cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&storage.kv_full, 2 * Traits::kKBytes);
     copy(kp.tma_k.with(storage.kv_full), tKgK, tKsK);
     copy(kp.tma_v.with(storage.kv_full), tVgV, tVsV);
+    State st = carried != nullptr ? *carried : State{};
     for (int g = 0; g < group; ++g) {
       const int head = tile.head_k * group + g;
       auto queries_of = [&](const auto& m) {  // (Sq,d) of this entry and head
@@ -207,6 +205,7 @@ struct BwdMainloop {
         }
       }
     }
+    if (carried != nullptr) *carried = st;
   }
 
   // The dQ writer, one warp: each step's dQ, in two halves (traits_bwd.hpp) that MMA warpgroup h
