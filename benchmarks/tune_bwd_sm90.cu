@@ -58,10 +58,11 @@ void run_one(const BwdProblem& b) {
   const bool same = std::memcmp(det_dq.data(), again.data(), b.n * sizeof(Element)) == 0;
   // The postprocess alone rewrote dq from a zeroed accumulator: run the whole backward again.
   (void)flashcute::sm90::launch_bwd_with<Traits>(p, nullptr);
-  std::printf("  cfg(M=%3d N=%3d stages=%d)  %7.3f ms %6.1f TFLOP/s = pre %.3f + main %.3f + post %.3f ms; "
+  std::printf("  cfg(M=%3d N=%3d stages=%d%s)  %7.3f ms %6.1f TFLOP/s = pre %.3f + main %.3f + post %.3f ms; "
               "deterministic %.3f ms (%.2fx, dq maxdiff %.3g, %s)",
-              kCfg.block_m, kCfg.block_n, kCfg.stages, total, 2.5 * b.flops / total * 1e-9, pre, total - pre - post,
-              post, det, total / det, det_diff, same ? "same bits twice" : "BITS DIFFER");
+              kCfg.block_m, kCfg.block_n, kCfg.stages, kCfg.persistent ? " persistent" : "", total,
+              2.5 * b.flops / total * 1e-9, pre, total - pre - post, post, det, total / det, det_diff,
+              same ? "same bits twice" : "BITS DIFFER");
   b.print_diffs();
 }
 
@@ -74,6 +75,13 @@ void sweep(int seqlen, bool causal) {
   b.release();
 }
 
+constexpr BwdConfig kDefault = flashcute::sm90::default_bwd_config(TUNE_HDIM);
+// A persistent default is timed beside the same config a CTA a tile.
+constexpr BwdConfig per_tile(BwdConfig c) {
+  c.persistent = false;
+  return c;
+}
+
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // each line out at once, even into a pipe that a timeout cuts
   int count = 0;
@@ -82,12 +90,14 @@ int main(int argc, char** argv) {
     return 77;
   }
   const std::vector<int> seqlens = tune_seqlens(argc, argv);
-  constexpr BwdConfig kDefault = flashcute::sm90::default_bwd_config(TUNE_HDIM);
   const bool window = std::getenv("TUNE_WINDOW") != nullptr;  // a sliding window instead of the two masks
   for (bool causal : {false, true}) {
     if (window && causal) continue;
     for (int s : seqlens) {
-      sweep<kDefault>(s, causal);
+      if constexpr (kDefault.persistent)
+        sweep<kDefault, per_tile(kDefault)>(s, causal);
+      else
+        sweep<kDefault>(s, causal);
     }
   }
   return 0;

@@ -138,6 +138,18 @@ __global__ void __launch_bounds__(256, 2) bwd_preprocess_exact_kernel(const BwdP
   }
 }
 
+// A main kernel CTA's start: its barriers initialised, then resident while the preprocess drains
+// (every global access after it comes after the preprocess's end). The postprocess's CTAs may start
+// once all of these have, on the SMs the last ones leave.
+template <class Mainloop, class Storage>
+CUTE_DEVICE void bwd_kernel_start(Storage& storage) {
+  if (threadIdx.x == 0) Mainloop::init_barriers(storage);
+  cutlass::arch::fence_barrier_init();
+  __syncthreads();
+  wait_for_primary();
+  allow_dependents();
+}
+
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(__grid_constant__ const BwdKernelParams<Traits> kp) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -155,13 +167,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(__grid_consta
   };
   if (n_block * Traits::kBlockN >= BwdBatch(p, int(blockIdx.z), kp.padded_rows).seqlen_k)
     return;  // varlen: past this entry's keys
-  if (threadIdx.x == 0) Mainloop::init_barriers(storage);
-  cutlass::arch::fence_barrier_init();
-  __syncthreads();
-  // Resident while the preprocess drains: every global access below comes after its end. The
-  // postprocess's CTAs may start once all of these have, on the SMs the last ones leave.
-  wait_for_primary();
-  allow_dependents();
+  bwd_kernel_start<Mainloop>(storage);
   const Mainloop mainloop(kp, storage);
   if (cutlass::canonical_warp_group_idx() == 0) {
     // Warp 0 loads (one thread), warp 1 writes dQ (split_d: counts the deterministic adds); the
@@ -205,11 +211,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   extern __shared__ __align__(1024) char smem_buf[];
   auto& storage = *reinterpret_cast<typename Traits::SharedStorage*>(smem_buf);
   const BwdParams& p = kp.params;
-  if (threadIdx.x == 0) Mainloop::init_barriers(storage);
-  cutlass::arch::fence_barrier_init();
-  __syncthreads();
-  wait_for_primary();
-  allow_dependents();
+  bwd_kernel_start<Mainloop>(storage);
   const Mainloop mainloop(kp, storage);
   const int n_blocks = (p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
   const int tiles = n_blocks * p.nheads_k * p.batch;

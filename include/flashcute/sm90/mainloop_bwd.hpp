@@ -456,7 +456,7 @@ struct BwdMainloop {
       if constexpr (kOneWay && kWg == 0) {  // warpgroup 1's last arrivals: its dQ has read the dS buffers
         for (int b = 0; b < 2; ++b) NamedBarrier::sync(kMma, NamedBarriers::kBwdDsFree + b);
       }
-      store_dkv_staged(tile, mma_kv, mma_tid, acc_dk, acc_dv);
+      store_dkv(tile, mma_kv, mma_tid, acc_dk, acc_dv);
       if constexpr (kOneWay && kWg == 1) {  // the next tile's dS buffers start free
         for (int b = 0; b < 2; ++b) NamedBarrier::arrive(kMma, NamedBarriers::kBwdDsFree + b);
       }
@@ -466,64 +466,10 @@ struct BwdMainloop {
     }
   }
 
-  // persistent: dK and dV through the dS buffers (free once every dQ of the tile has read them),
-  // so that the next tile's K and V may load meanwhile; both in one round where they fit.
-  template <class TiledMma, class Acc>
-  CUTE_DEVICE void store_dkv_staged(const BwdTile& tile, const TiledMma& mma_kv, int mma_tid, Acc& acc_dk,
-                                    Acc& acc_dv) const {
-    using namespace cute;
-    using cutlass::arch::NamedBarrier;
-    const BwdParams& p = kp.params;
-    const int wg = mma_tid / 128;
-    CUTE_UNROLL
-    for (int i = 0; i < size(acc_dk); ++i) acc_dk(i) *= p.softmax_scale;
-    Tensor rdK = make_fragment_like<Element>(acc_dk);  // ((2,2,D/8),1,1)
-    Tensor rdV = make_fragment_like<Element>(acc_dv);
-    convert_fragment_into(acc_dk, rdK);
-    convert_fragment_into(acc_dv, rdV);
-    constexpr int kKv = cute::cosize_v<typename Traits::SmemLayoutK>;
-    constexpr bool kOneRound = 2 * kKv <= cute::cosize_v<typename Traits::SmemLayoutDS>;
-    Tensor sA = smem(storage.ds.data(), typename Traits::SmemLayoutK{});                            // (BLK_N,D)
-    Tensor sB = smem(storage.ds.data() + (kOneRound ? kKv : 0), typename Traits::SmemLayoutK{});  // (BLK_N,D)
-    auto smem_copy = make_tiled_copy_C(typename Traits::SmemCopyAtomKV{}, mma_kv);
-    auto smem_thr_copy = smem_copy.get_thread_slice(mma_tid);
-    using TileKV = Shape<_64, Int<kHeadDim>>;
-    const int row0 = tile.n_block * kBlockN + 64 * wg;
-    typename Traits::GmemTiledCopyKV gmem_copy;
-    auto gmem_thr_copy = gmem_copy.get_thread_slice(mma_tid % 128);
-    Tensor tKVcKV = gmem_thr_copy.partition_D(make_identity_tensor(TileKV{}));  // (CPY,CPY_M,CPY_D) -> (row,col)
-    auto store = [&](auto const& s_tile, void* base, int64_t batch_stride, int64_t row_stride,
-                     int64_t head_stride) {
-      Element* g = static_cast<Element*>(base) + tile.batch * batch_stride + tile.head_k * head_stride +
-                   int64_t(tile.seq.k_start + row0) * row_stride;
-      Tensor gKV = make_tensor(make_gmem_ptr(g), TileKV{}, make_stride(row_stride, _1{}));  // (64,D)
-      Tensor tKVsKV = gmem_thr_copy.partition_S(local_tile(s_tile, TileKV{}, make_coord(wg, 0)));  // (CPY,CPY_M,CPY_D)
-      Tensor tKVgKV = gmem_thr_copy.partition_D(gKV);                                              // (CPY,CPY_M,CPY_D)
-      Tensor tKVrKV = make_tensor<Element>(shape(tKVgKV));
-      copy(gmem_copy, tKVsKV, tKVrKV);
-      store_tile(gmem_copy, tKVrKV, tKVgKV, tKVcKV, tile.seq.seqlen_k - row0, p.head_dim);
-    };
-    // Both warpgroups are past the tile's last dQ = dS K (two-way: they meet here).
-    if constexpr (!Traits::kDqOneWg) NamedBarrier::sync(Traits::kMmaThreads, NamedBarriers::kBwdDsReady);
-    copy(smem_copy, smem_thr_copy.retile_S(rdK), smem_thr_copy.partition_D(sA));
-    if constexpr (kOneRound) copy(smem_copy, smem_thr_copy.retile_S(rdV), smem_thr_copy.partition_D(sB));
-    // A warpgroup's own rows: two-way, on ids the other warpgroup's 256-thread syncs do not use.
-    constexpr uint32_t kOwn = Traits::kDqOneWg ? NamedBarriers::kBwdEpilogue : NamedBarriers::kBwdEpilogueV;
-    NamedBarrier::sync(128, kOwn + wg);
-    store(sA, p.dk, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride);
-    if constexpr (!kOneRound) {
-      NamedBarrier::sync(128, kOwn + wg);  // this warpgroup's rows read out
-      copy(smem_copy, smem_thr_copy.retile_S(rdV), smem_thr_copy.partition_D(sB));
-      NamedBarrier::sync(128, kOwn + wg);
-    }
-    store(sB, p.dv, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
-    // The other warpgroup's next dS stores may overwrite these rows only once they are read out
-    // (dq_one_wg: warpgroup 0 waits for warpgroup 1's kBwdDsFree arrivals after this).
-    if constexpr (!Traits::kDqOneWg) NamedBarrier::sync(Traits::kMmaThreads, NamedBarriers::kBwdDsReady);
-  }
-
-  // dK (scaled by softmax_scale) and dV through the K and V buffers, which the last step no longer
-  // reads: stmatrix from the accumulators, then each warpgroup stores its 64 rows 16 bytes a thread.
+  // dK (scaled by softmax_scale) and dV: stmatrix from the accumulators into shared memory, then
+  // each warpgroup stores its 64 rows 16 bytes a thread. A CTA a tile stages them in the K and V
+  // buffers, which the last step no longer reads; persistent, in the dS buffers (free once every
+  // dQ of the tile has read them), so that the next tile's K and V may load meanwhile.
   template <class TiledMma, class Acc>
   CUTE_DEVICE void store_dkv(const BwdTile& tile, const TiledMma& mma_kv, int mma_tid, Acc& acc_dk, Acc& acc_dv) const {
     using namespace cute;
@@ -536,10 +482,11 @@ struct BwdMainloop {
     Tensor rdV = make_fragment_like<Element>(acc_dv);
     convert_fragment_into(acc_dk, rdK);
     convert_fragment_into(acc_dv, rdV);
-    Tensor sK = smem(storage.k.data(), typename Traits::SmemLayoutK{});  // (BLK_N,D)
-    Tensor sV = smem(storage.v.data(), typename Traits::SmemLayoutK{});  // (BLK_N,D)
     auto smem_copy = make_tiled_copy_C(typename Traits::SmemCopyAtomKV{}, mma_kv);
     auto smem_thr_copy = smem_copy.get_thread_slice(mma_tid);
+    auto stage = [&](const auto& rX, auto const& s_tile) {
+      copy(smem_copy, smem_thr_copy.retile_S(rX), smem_thr_copy.partition_D(s_tile));
+    };
     using TileKV = Shape<_64, Int<kHeadDim>>;
     const int row0 = tile.n_block * kBlockN + 64 * wg;
     typename Traits::GmemTiledCopyKV gmem_copy;
@@ -556,23 +503,55 @@ struct BwdMainloop {
       copy(gmem_copy, tKVsKV, tKVrKV);
       store_tile(gmem_copy, tKVrKV, tKVgKV, tKVcKV, tile.seq.seqlen_k - row0, p.head_dim);
     };
-    if constexpr (!Traits::kDqOneWg) {
+    auto store_dk = [&](auto const& s_tile) {
+      store(s_tile, p.dk, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride);
+    };
+    auto store_dv = [&](auto const& s_tile) {
+      store(s_tile, p.dv, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
+    };
+    if constexpr (Traits::kConfig.persistent) {
+      constexpr int kKv = cute::cosize_v<typename Traits::SmemLayoutK>;
+      constexpr bool kOneRound = 2 * kKv <= cute::cosize_v<typename Traits::SmemLayoutDS>;  // both at once
+      Tensor sA = smem(storage.ds.data(), typename Traits::SmemLayoutK{});                            // (BLK_N,D)
+      Tensor sB = smem(storage.ds.data() + (kOneRound ? kKv : 0), typename Traits::SmemLayoutK{});  // (BLK_N,D)
+      // Both warpgroups are past the tile's last dQ = dS K (two-way: they meet here).
+      if constexpr (!Traits::kDqOneWg) NamedBarrier::sync(Traits::kMmaThreads, NamedBarriers::kBwdDsReady);
+      stage(rdK, sA);
+      if constexpr (kOneRound) stage(rdV, sB);
+      // A warpgroup's own rows: two-way, on ids the other warpgroup's 256-thread syncs do not use.
+      constexpr uint32_t kOwn = Traits::kDqOneWg ? NamedBarriers::kBwdEpilogue : NamedBarriers::kBwdEpilogueV;
+      NamedBarrier::sync(128, kOwn + wg);
+      store_dk(sA);
+      if constexpr (!kOneRound) {
+        NamedBarrier::sync(128, kOwn + wg);  // this warpgroup's rows read out
+        stage(rdV, sB);
+        NamedBarrier::sync(128, kOwn + wg);
+      }
+      store_dv(sB);
+      // The other warpgroup's next dS stores may overwrite these rows only once they are read out
+      // (dq_one_wg: warpgroup 0 waits for warpgroup 1's kBwdDsFree arrivals after this).
+      if constexpr (!Traits::kDqOneWg) NamedBarrier::sync(Traits::kMmaThreads, NamedBarriers::kBwdDsReady);
+    } else if constexpr (!Traits::kDqOneWg) {
+      Tensor sK = smem(storage.k.data(), typename Traits::SmemLayoutK{});  // (BLK_N,D)
+      Tensor sV = smem(storage.v.data(), typename Traits::SmemLayoutK{});  // (BLK_N,D)
       // dV first: V's rows are each warpgroup's own, while K's are read by both warpgroups' last
       // dQ = dS K, which the other may still run. A warpgroup's rows are all written before its
       // threads read rows that its other warps wrote.
-      copy(smem_copy, smem_thr_copy.retile_S(rdV), smem_thr_copy.partition_D(sV));
+      stage(rdV, sV);
       NamedBarrier::sync(128, NamedBarriers::kBwdEpilogueV + wg);
-      store(sV, p.dv, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
+      store_dv(sV);
       NamedBarrier::sync(Traits::kMmaThreads, NamedBarriers::kBwdDsReady);
-      copy(smem_copy, smem_thr_copy.retile_S(rdK), smem_thr_copy.partition_D(sK));
+      stage(rdK, sK);
       NamedBarrier::sync(128, NamedBarriers::kBwdEpilogue + wg);  // (kBwdDsReady's ids, free by now)
-      store(sK, p.dk, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride);
+      store_dk(sK);
     } else {  // both warpgroups have left the main loop (mma_wg's last waits)
-      copy(smem_copy, smem_thr_copy.retile_S(rdK), smem_thr_copy.partition_D(sK));
-      copy(smem_copy, smem_thr_copy.retile_S(rdV), smem_thr_copy.partition_D(sV));
+      Tensor sK = smem(storage.k.data(), typename Traits::SmemLayoutK{});  // (BLK_N,D)
+      Tensor sV = smem(storage.v.data(), typename Traits::SmemLayoutK{});  // (BLK_N,D)
+      stage(rdK, sK);
+      stage(rdV, sV);
       NamedBarrier::sync(128, NamedBarriers::kBwdEpilogue + wg);
-      store(sK, p.dk, p.dk_batch_stride, p.dk_row_stride, p.dk_head_stride);
-      store(sV, p.dv, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
+      store_dk(sK);
+      store_dv(sV);
     }
   }
 };
