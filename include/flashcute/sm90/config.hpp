@@ -187,7 +187,8 @@ struct BwdConfig {
   // Kept at d 64 only: at d 128 it gained nothing (perf-notes, b28).
   bool rotate = false;
   // The main kernel persistent: one CTA an SM takes (key block, KV head, batch) tiles in order from
-  // a counter, and loads a tile's K, V and Q/dO while the tile before stores dK and dV.
+  // a counter, and loads a tile's K, V and Q/dO while the tile before stores dK and dV. Not with
+  // dq_one_wg or split_d (d 64 measured 4-6% slower persistent: perf-notes, b33).
   bool persistent = false;
   constexpr int mma_warpgroups() const { return mma_wgs; }
   constexpr int num_threads() const { return 128 * (mma_warpgroups() + 1); }

@@ -197,9 +197,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(__grid_consta
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 }
 
-// The main kernel, persistent (BwdConfig::persistent; not split_d): gridDim.x CTAs, one an SM, take
-// the tiles in the order of bwd_kernel's grid (key block fastest): the first at blockIdx.x, then
-// from kp.tile_counter. Warp 0's thread loads and hands each tile index to the writer warp and the
+// The main kernel, persistent (BwdConfig::persistent; two-way dQ, not split_d): gridDim.x CTAs,
+// one an SM, take the tiles in the order of bwd_kernel's grid (key block fastest): the first at
+// blockIdx.x, then from kp.tile_counter. Warp 0's thread loads and hands each tile index to the writer warp and the
 // MMA warps through a two-slot ring; a tile's K and V load once the MMA warps are done with the
 // previous tile's, while those stage its dK and dV in the dS buffers and store them (store_dkv).
 template <class Traits>
@@ -207,7 +207,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
     bwd_kernel_persistent(__grid_constant__ const BwdKernelParams<Traits> kp) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Mainloop = BwdMainloop<Traits>;
-  static_assert(!Traits::kSplitD && Traits::kConfig.persistent);
+  // Two-way dQ only: persistent with dq_one_wg (d 64) measured 4-6% slower (perf-notes, b33).
+  static_assert(!Traits::kSplitD && !Traits::kDqOneWg && Traits::kConfig.persistent);
   extern __shared__ __align__(1024) char smem_buf[];
   auto& storage = *reinterpret_cast<typename Traits::SharedStorage*>(smem_buf);
   const BwdParams& p = kp.params;
@@ -250,22 +251,20 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   }
   cutlass::arch::warpgroup_reg_alloc<Traits::kConfig.mma_regs>();
   const int mma_tid = int(threadIdx.x) - 128;
-  auto run = [&](auto wg) {
-    constexpr int kWg = decltype(wg)::value;
+  // In a lambda, as measured (b33): written out in the kernel's body, the same code compiled to
+  // another register allocation of the MMA warps (122 SASS differences).
+  auto run = [&] {
     typename Mainloop::State st;
     int ds_buf = 0, j = 0;
     for (int i = 0;; ++i) {
       const int t = mainloop.read_tile(i);
       if (t >= tiles) break;
       const BwdTile tile = tile_of(t);
-      if (has_keys(tile)) mainloop.template mma_wg<kWg>(tile, tile.seq.mask(p), mma_tid, st, ds_buf, j++);
+      if (has_keys(tile)) mainloop.template mma_wg<0>(tile, tile.seq.mask(p), mma_tid, st, ds_buf, j++);
     }
-    mainloop.template mma_end<kWg>(mma_tid);
+    mainloop.template mma_end<0>(mma_tid);
   };
-  if (!Traits::kDqOneWg || cutlass::canonical_warp_group_idx() == 1)
-    run(cute::Int<0>{});
-  else
-    run(cute::Int<1>{});
+  run();
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 }
 

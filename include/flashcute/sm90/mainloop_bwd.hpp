@@ -278,7 +278,7 @@ struct BwdMainloop {
       NamedBarrier::sync(kDqThreads, NamedBarriers::kBwdDqEmpty + mma_tid / 128);
     } else if constexpr (kWg == 1) {
       for (int h = 0; h < 2; ++h) NamedBarrier::sync(kDqThreads, NamedBarriers::kBwdDqEmpty + h);
-    } else if constexpr (!Traits::kConfig.persistent) {  // persistent: at each tile's end
+    } else {
       for (int b = 0; b < 2; ++b) NamedBarrier::sync(Traits::kMmaThreads, NamedBarriers::kBwdDsFree + b);
     }
   }
@@ -355,9 +355,7 @@ struct BwdMainloop {
     constexpr int kMma = Traits::kMmaThreads;
     // dq_one_wg, dS buffer b: warpgroup 1 starts it free (0 waits for it before writing its half).
     if constexpr (kOneWay && kWg == 1) {
-      if (j == 0) {
-        for (int b = 0; b < 2; ++b) NamedBarrier::arrive(kMma, NamedBarriers::kBwdDsFree + b);
-      }
+      for (int b = 0; b < 2; ++b) NamedBarrier::arrive(kMma, NamedBarriers::kBwdDsFree + b);
     }
 
     clear(acc_dv);
@@ -453,13 +451,7 @@ struct BwdMainloop {
     if constexpr (Traits::kConfig.persistent) {
       // Every wgmma of this warpgroup that reads K or V is done: the next tile's may load.
       cutlass::arch::ClusterBarrier::arrive(&storage.kv_empty);
-      if constexpr (kOneWay && kWg == 0) {  // warpgroup 1's last arrivals: its dQ has read the dS buffers
-        for (int b = 0; b < 2; ++b) NamedBarrier::sync(kMma, NamedBarriers::kBwdDsFree + b);
-      }
       store_dkv(tile, mma_kv, mma_tid, acc_dk, acc_dv);
-      if constexpr (kOneWay && kWg == 1) {  // the next tile's dS buffers start free
-        for (int b = 0; b < 2; ++b) NamedBarrier::arrive(kMma, NamedBarriers::kBwdDsFree + b);
-      }
     } else {
       mma_end<kWg>(mma_tid);
       store_dkv(tile, mma_kv, mma_tid, acc_dk, acc_dv);
@@ -510,27 +502,21 @@ struct BwdMainloop {
       store(s_tile, p.dv, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
     };
     if constexpr (Traits::kConfig.persistent) {
-      constexpr int kKv = cute::cosize_v<typename Traits::SmemLayoutK>;
-      constexpr bool kOneRound = 2 * kKv <= cute::cosize_v<typename Traits::SmemLayoutDS>;  // both at once
-      Tensor sA = smem(storage.ds.data(), typename Traits::SmemLayoutK{});                            // (BLK_N,D)
-      Tensor sB = smem(storage.ds.data() + (kOneRound ? kKv : 0), typename Traits::SmemLayoutK{});  // (BLK_N,D)
-      // Both warpgroups are past the tile's last dQ = dS K (two-way: they meet here).
-      if constexpr (!Traits::kDqOneWg) NamedBarrier::sync(Traits::kMmaThreads, NamedBarriers::kBwdDsReady);
-      stage(rdK, sA);
-      if constexpr (kOneRound) stage(rdV, sB);
-      // A warpgroup's own rows: two-way, on ids the other warpgroup's 256-thread syncs do not use.
-      constexpr uint32_t kOwn = Traits::kDqOneWg ? NamedBarriers::kBwdEpilogue : NamedBarriers::kBwdEpilogueV;
-      NamedBarrier::sync(128, kOwn + wg);
-      store_dk(sA);
-      if constexpr (!kOneRound) {
-        NamedBarrier::sync(128, kOwn + wg);  // this warpgroup's rows read out
-        stage(rdV, sB);
-        NamedBarrier::sync(128, kOwn + wg);
-      }
-      store_dv(sB);
-      // The other warpgroup's next dS stores may overwrite these rows only once they are read out
-      // (dq_one_wg: warpgroup 0 waits for warpgroup 1's kBwdDsFree arrivals after this).
-      if constexpr (!Traits::kDqOneWg) NamedBarrier::sync(Traits::kMmaThreads, NamedBarriers::kBwdDsReady);
+      static_assert(cute::cosize_v<typename Traits::SmemLayoutDS> >= cute::cosize_v<typename Traits::SmemLayoutK>,
+                    "dK, then dV, staged in the dS buffers");
+      Tensor sS = smem(storage.ds.data(), typename Traits::SmemLayoutK{});  // (BLK_N,D)
+      // Both warpgroups are past the tile's last dQ = dS K, which reads both halves of dS.
+      NamedBarrier::sync(Traits::kMmaThreads, NamedBarriers::kBwdDsReady);
+      stage(rdK, sS);
+      // Then a warpgroup's own rows, on ids the other warpgroup's 256-thread syncs do not use.
+      NamedBarrier::sync(128, NamedBarriers::kBwdEpilogueV + wg);
+      store_dk(sS);
+      NamedBarrier::sync(128, NamedBarriers::kBwdEpilogueV + wg);  // this warpgroup's rows read out
+      stage(rdV, sS);
+      NamedBarrier::sync(128, NamedBarriers::kBwdEpilogueV + wg);
+      store_dv(sS);
+      // The other warpgroup's next dS stores may overwrite these rows only once they are read out.
+      NamedBarrier::sync(Traits::kMmaThreads, NamedBarriers::kBwdDsReady);
     } else if constexpr (!Traits::kDqOneWg) {
       Tensor sK = smem(storage.k.data(), typename Traits::SmemLayoutK{});  // (BLK_N,D)
       Tensor sV = smem(storage.v.data(), typename Traits::SmemLayoutK{});  // (BLK_N,D)
