@@ -199,9 +199,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) bwd_kernel(__grid_consta
 
 // The main kernel, persistent (BwdConfig::persistent; two-way dQ, not split_d): gridDim.x CTAs,
 // one an SM, take the tiles in the order of bwd_kernel's grid (key block fastest): the first at
-// blockIdx.x, then from kp.tile_counter. Warp 0's thread loads and hands each tile index to the writer warp and the
-// MMA warps through a two-slot ring; a tile's K and V load once the MMA warps are done with the
-// previous tile's, while those stage its dK and dV in the dS buffers and store them (store_dkv).
+// blockIdx.x, then from kp.tile_counter. Warp 0's thread loads and hands each tile index to the
+// writer warp and the MMA warps through a two-slot ring; a tile's K and V load once the MMA warps
+// are done with the previous tile's, while those stage its dK and dV in the dS buffers and store
+// them (store_dkv).
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     bwd_kernel_persistent(__grid_constant__ const BwdKernelParams<Traits> kp) {
