@@ -209,7 +209,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Mainloop = BwdMainloop<Traits>;
   // Two-way dQ only: persistent with dq_one_wg (d 64) measured 4-6% slower (perf-notes, b33).
-  static_assert(!Traits::kSplitD && !Traits::kDqOneWg && Traits::kConfig.persistent);
+  static_assert(Traits::kPersistent);
   extern __shared__ __align__(1024) char smem_buf[];
   auto& storage = *reinterpret_cast<typename Traits::SharedStorage*>(smem_buf);
   const BwdParams& p = kp.params;

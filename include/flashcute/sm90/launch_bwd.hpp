@@ -97,7 +97,7 @@ Status launch_bwd_with(const BwdParams& params, cudaStream_t stream) {
   // also waits for key blocks launched after it, so only where an entry's key blocks (grid.x at
   // most) fit on half the SMs at once, one CTA an SM, even beside another stream's kernels.
   const bool rotate =
-      Traits::kConfig.rotate && !Traits::kConfig.persistent && p.deterministic && int(grid.x) <= device_sms() / 2;
+      Traits::kConfig.rotate && p.deterministic && int(grid.x) <= device_sms() / 2;
   const BwdKernelParams<Traits> kp{
       p,
       dpsum,
@@ -114,7 +114,7 @@ Status launch_bwd_with(const BwdParams& params, cudaStream_t stream) {
   };
   constexpr int kSmem = Traits::kSmemBytes;
   // Each a dependent of the kernel before it (common/pdl.hpp), which hides its launch.
-  if constexpr (Traits::kConfig.persistent && !Traits::kSplitD) {
+  if constexpr (Traits::kPersistent) {
     constexpr auto kernel = &bwd_kernel_persistent<Traits>;
     if (Status st = allow_smem<kernel>(kSmem); !st.ok()) return st;
     const int tiles = int(grid.x * grid.y * grid.z);

@@ -90,7 +90,7 @@ struct BwdMainloop {
   CUTE_DEVICE static void init_barriers(Storage& storage) {
     Pipeline::init(storage.qdo_bar, Traits::kMmaThreads);  // each MMA thread releases (consumer_release_thread)
     cutlass::arch::ClusterTransactionBarrier::init(&storage.kv_full, 1);
-    if constexpr (Traits::kConfig.persistent && !Traits::kSplitD) {
+    if constexpr (Traits::kPersistent) {
       for (int i = 0; i < 2; ++i) {
         cutlass::arch::ClusterBarrier::init(&storage.tile_full[i], 1);
         cutlass::arch::ClusterBarrier::init(&storage.tile_empty[i], 32 + Traits::kMmaThreads);
@@ -161,7 +161,7 @@ struct BwdMainloop {
     Tensor sdO = smem(storage.dout.data(), typename Traits::SmemLayoutQ{});                            // (BLK_M,D,PIPE)
     auto [tKgK, tKsK] = tma_partition(kp.tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
     auto [tVgV, tVsV] = tma_partition(kp.tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
-    if constexpr (Traits::kConfig.persistent && !Traits::kSplitD) {
+    if constexpr (Traits::kPersistent) {
       if (j > 0) cutlass::arch::ClusterBarrier::wait(&storage.kv_empty, (j - 1) & 1);
     }
     cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&storage.kv_full, 2 * Traits::kKBytes);
@@ -448,7 +448,7 @@ struct BwdMainloop {
         qdo_pipe.consumer_release_thread(st);
       }
     }
-    if constexpr (Traits::kConfig.persistent) {
+    if constexpr (Traits::kPersistent) {
       // Every wgmma of this warpgroup that reads K or V is done: the next tile's may load.
       cutlass::arch::ClusterBarrier::arrive(&storage.kv_empty);
       store_dkv(tile, mma_kv, mma_tid, acc_dk, acc_dv);
@@ -501,7 +501,7 @@ struct BwdMainloop {
     auto store_dv = [&](auto const& s_tile) {
       store(s_tile, p.dv, p.dv_batch_stride, p.dv_row_stride, p.dv_head_stride);
     };
-    if constexpr (Traits::kConfig.persistent) {
+    if constexpr (Traits::kPersistent) {
       static_assert(cute::cosize_v<typename Traits::SmemLayoutDS> >= cute::cosize_v<typename Traits::SmemLayoutK>,
                     "dK, then dV, staged in the dS buffers");
       Tensor sS = smem(storage.ds.data(), typename Traits::SmemLayoutK{});  // (BLK_N,D)

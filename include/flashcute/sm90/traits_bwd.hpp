@@ -39,6 +39,10 @@ struct BwdTraitsBase {
   static constexpr int kMmaWarpgroups = kCfg.mma_warpgroups();
   static constexpr int kNThreads = kCfg.num_threads();
   static constexpr int kMmaThreads = 128 * kMmaWarpgroups;
+  // The main kernel persistent (bwd_kernel_persistent): two-way dQ only, never rotated.
+  static constexpr bool kPersistent = kCfg.persistent;
+  static_assert(!kPersistent || (!kCfg.split_d && !kCfg.dq_one_wg && !kCfg.rotate),
+                "persistent: two-way dQ, not split_d, walks not rotated (BwdConfig::persistent)");
   // A step's dQ, fp32, one contiguous chunk a warpgroup of TiledMmaDQ in its fragment order
   // (value pair p of the warpgroup's thread t at 2 (p 128 + t)): added so into the global
   // accumulator, read so by the postprocess. (BwdTraits: one warpgroup computes dQ.)
