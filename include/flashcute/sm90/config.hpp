@@ -211,13 +211,19 @@ constexpr bool has_bwd_config(int head_dim) { return default_bwd_config(head_dim
 // A backward call's query rows rounded to 128, whole blocks of every block_m in the table: the
 // workspace's row count per head.
 constexpr int64_t bwd_padded_rows(int64_t seqlen_q) { return (seqlen_q + 127) / 128 * 128; }
+// Over `rows` workspace rows (all heads), the add counts and the tile counter start these many
+// floats after the dQ accumulator.
+constexpr int64_t bwd_dq_counts_offset(int64_t rows, int kernel_head_dim) { return rows * kernel_head_dim; }
+constexpr int64_t bwd_tile_counter_offset(int64_t rows, int kernel_head_dim) {
+  return bwd_dq_counts_offset(rows, kernel_head_dim) + rows / 64;
+}
 // The float32 workspace of an sm90 backward: D = rowsum(dO o O) and the lse in log2 units, one
 // per padded query row and head, then the dQ accumulator (padded rows x kernel head dim), then
 // the deterministic mode's add counts (int32, one per 64 padded rows and head), then the persistent
 // main kernel's tile counter (int32).
 constexpr int64_t bwd_workspace_floats(int64_t batch, int64_t nheads, int64_t seqlen_q, int kernel_head_dim) {
   const int64_t rows = batch * nheads * bwd_padded_rows(seqlen_q);
-  return rows == 0 ? 0 : rows * (2 + int64_t(kernel_head_dim)) + rows / 64 + 1;
+  return rows == 0 ? 0 : 2 * rows + bwd_tile_counter_offset(rows, kernel_head_dim) + 1;
 }
 // A varlen batch of `batch` sequences and total_q queries: the same arrays, one run of rows a head
 // in which sequence b starts at (cu_seqlens_q[b] + 128 b) rounded down to 128 (BwdBatch).

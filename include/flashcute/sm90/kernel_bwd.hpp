@@ -97,7 +97,7 @@ __global__ void __launch_bounds__(256, 2) bwd_preprocess_kernel(const BwdParams 
   if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && threadIdx.x == 0) {
     // The persistent main kernel's tile counter, after the add counts (config.hpp).
     const int64_t all = (p.cu_seqlens_q != nullptr ? 1 : p.batch) * int64_t(p.nheads) * padded_rows;
-    *reinterpret_cast<int*>(dq_accum + all * kHeadDim + all / 64) = 0;
+    *reinterpret_cast<int*>(dq_accum + bwd_tile_counter_offset(all, kHeadDim)) = 0;
   }
   const int head = int(blockIdx.y), batch = int(blockIdx.z), m_block = blocks.block(int(blockIdx.x));
   if (p.cu_seqlens_q == nullptr) {
@@ -217,13 +217,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
   const Mainloop mainloop(kp, storage);
   const int n_blocks = (p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
   const int tiles = n_blocks * p.nheads_k * p.batch;
-  // Tile t's BwdTile; has_keys: false where it has none (varlen: past its entry's).
+  // Tile t's BwdTile (without keys where a varlen entry has none there: BwdTile::has_keys).
   auto tile_of = [&](int t) {
     const int block = t % n_blocks, head_k = t / n_blocks % p.nheads_k, batch = t / n_blocks / p.nheads_k;
     return bwd_tile<Traits::kBlockM, Traits::kBlockN>(p, bwd_n_block(p, block, n_blocks), head_k, batch,
                                                       kp.padded_rows, false);
   };
-  auto has_keys = [](const BwdTile& tile) { return tile.n_block * Traits::kBlockN < tile.seq.seqlen_k; };
   if (cutlass::canonical_warp_group_idx() == 0) {
     cutlass::arch::warpgroup_reg_dealloc<Traits::kConfig.producer_regs>();
     const int warp = cutlass::canonical_warp_idx_sync();
@@ -234,9 +233,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
         const int t = mainloop.read_tile(i);
         if (t >= tiles) break;
         const BwdTile tile = tile_of(t);
-        if (has_keys(tile)) mainloop.write_dq(tile, tile.seq.mask(p), leader);
+        if (tile.has_keys(Traits::kBlockN)) mainloop.write_dq(tile, tile.seq.mask(p), leader);
       }
-      if (leader) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+      mainloop.write_dq_end(leader);
     }
     if (warp != 0 || !cute::elect_one_sync()) return;
     typename Mainloop::State st;
@@ -245,7 +244,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       mainloop.publish_tile(i, t);
       if (t >= tiles) break;
       const BwdTile tile = tile_of(t);
-      if (has_keys(tile)) mainloop.load(tile, &st, j++);
+      if (tile.has_keys(Traits::kBlockN)) mainloop.load(tile, &st, j++);
       t = int(gridDim.x) + atomicAdd(kp.tile_counter, 1);
     }
     return;
@@ -261,7 +260,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1)
       const int t = mainloop.read_tile(i);
       if (t >= tiles) break;
       const BwdTile tile = tile_of(t);
-      if (has_keys(tile)) mainloop.template mma_wg<0>(tile, tile.seq.mask(p), mma_tid, st, ds_buf, j++);
+      if (tile.has_keys(Traits::kBlockN))
+        mainloop.template mma_wg<0>(tile, tile.seq.mask(p), mma_tid, st, ds_buf, j++);
     }
     mainloop.template mma_end<0>(mma_tid);
   };

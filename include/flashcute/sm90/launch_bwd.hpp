@@ -77,7 +77,8 @@ Status launch_bwd_with(const BwdParams& params, cudaStream_t stream) {
   float* dpsum = p.dsum;
   float* lse2 = p.dsum + rows;
   float* dq_accum = p.dsum + 2 * rows;
-  int* dq_semaphore = p.deterministic ? reinterpret_cast<int*>(dq_accum + rows * kHeadDim) : nullptr;
+  int* dq_semaphore =
+      p.deterministic ? reinterpret_cast<int*>(dq_accum + bwd_dq_counts_offset(rows, kHeadDim)) : nullptr;
   if (Status st = launch_bwd_preprocess<Element, kHeadDim>(p, dpsum, lse2, dq_accum, dq_semaphore, padded, stream);
       !st.ok())
     return st;
@@ -96,8 +97,7 @@ Status launch_bwd_with(const BwdParams& params, cudaStream_t stream) {
   // Deterministic calls without a mask walk rotated (BwdTile) where the config does: a CTA then
   // also waits for key blocks launched after it, so only where an entry's key blocks (grid.x at
   // most) fit on half the SMs at once, one CTA an SM, even beside another stream's kernels.
-  const bool rotate =
-      Traits::kConfig.rotate && p.deterministic && int(grid.x) <= device_sms() / 2;
+  const bool rotate = Traits::kConfig.rotate && p.deterministic && int(grid.x) <= device_sms() / 2;
   const BwdKernelParams<Traits> kp{
       p,
       dpsum,
@@ -110,21 +110,21 @@ Status launch_bwd_with(const BwdParams& params, cudaStream_t stream) {
       make_tma_copy(SM90_TMA_LOAD{}, k, typename Traits::SmemLayoutK{}),
       make_tma_copy(SM90_TMA_LOAD{}, v, typename Traits::SmemLayoutK{}),
       rotate,
-      reinterpret_cast<int*>(dq_accum + rows * kHeadDim + rows / 64),
+      reinterpret_cast<int*>(dq_accum + bwd_tile_counter_offset(rows, kHeadDim)),
   };
   constexpr int kSmem = Traits::kSmemBytes;
   // Each a dependent of the kernel before it (common/pdl.hpp), which hides its launch.
-  if constexpr (Traits::kPersistent) {
-    constexpr auto kernel = &bwd_kernel_persistent<Traits>;
-    if (Status st = allow_smem<kernel>(kSmem); !st.ok()) return st;
-    const int tiles = int(grid.x * grid.y * grid.z);
-    const dim3 ctas(unsigned(std::max(1, std::min(tiles, device_sms()))));
-    FLASHCUTE_CUDA_CHECK((launch_dependent<kernel>(ctas, dim3(Traits::kNThreads), kSmem, stream, kp)));
-  } else {
-    constexpr auto kernel = &bwd_kernel<Traits>;
-    if (Status st = allow_smem<kernel>(kSmem); !st.ok()) return st;
-    FLASHCUTE_CUDA_CHECK((launch_dependent<kernel>(grid, dim3(Traits::kNThreads), kSmem, stream, kp)));
-  }
+  // persistent: a CTA an SM (at most one a tile) over the tiles of the grid a CTA a tile would have.
+  constexpr auto kernel = [] {
+    if constexpr (Traits::kPersistent)
+      return &bwd_kernel_persistent<Traits>;
+    else
+      return &bwd_kernel<Traits>;
+  }();
+  const int tiles = int(grid.x * grid.y * grid.z);
+  const dim3 ctas = Traits::kPersistent ? dim3(unsigned(std::max(1, std::min(tiles, device_sms())))) : grid;
+  if (Status st = allow_smem<kernel>(kSmem); !st.ok()) return st;
+  FLASHCUTE_CUDA_CHECK((launch_dependent<kernel>(ctas, dim3(Traits::kNThreads), kSmem, stream, kp)));
   const dim3 grid_blocks(unsigned(bwd_padded_rows(p.seqlen_q) / Traits::kBlockM), unsigned(p.nheads),
                          unsigned(p.batch));
   FLASHCUTE_CUDA_CHECK((launch_dependent<&bwd_postprocess_kernel<Traits>>(grid_blocks, dim3(Traits::kMmaThreads), 0,

@@ -216,11 +216,14 @@ struct BwdMainloop {
     const bool leader = cute::elect_one_sync();
     write_dq_begin();
     write_dq(tile, keys, leader);
-    if (leader) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+    write_dq_end(leader);
   }
   CUTE_DEVICE void write_dq_begin() const {
     using cutlass::arch::NamedBarrier;
     for (int h = 0; h < 2; ++h) NamedBarrier::arrive(128 + 32, NamedBarriers::kBwdDqEmpty + h);  // start empty
+  }
+  CUTE_DEVICE void write_dq_end(bool leader) const {  // every add landed before the CTA exits
+    if (leader) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
   }
   CUTE_DEVICE void write_dq(const BwdTile& tile, const KeyMask& keys, bool leader) const {
     using cutlass::arch::NamedBarrier;
@@ -448,14 +451,11 @@ struct BwdMainloop {
         qdo_pipe.consumer_release_thread(st);
       }
     }
-    if constexpr (Traits::kPersistent) {
-      // Every wgmma of this warpgroup that reads K or V is done: the next tile's may load.
-      cutlass::arch::ClusterBarrier::arrive(&storage.kv_empty);
-      store_dkv(tile, mma_kv, mma_tid, acc_dk, acc_dv);
-    } else {
+    if constexpr (Traits::kPersistent)  // every wgmma of this warpgroup that reads K or V is done
+      cutlass::arch::ClusterBarrier::arrive(&storage.kv_empty);  // the next tile's may load
+    else
       mma_end<kWg>(mma_tid);
-      store_dkv(tile, mma_kv, mma_tid, acc_dk, acc_dv);
-    }
+    store_dkv(tile, mma_kv, mma_tid, acc_dk, acc_dv);
   }
 
   // dK (scaled by softmax_scale) and dV: stmatrix from the accumulators into shared memory, then

@@ -464,6 +464,8 @@ struct BwdTile {
   int m_shift = 0;   // rotated: the walk starts n_block * M / N query blocks after m_first
   int n_blocks = 0;  // rotated: N, the entry's key blocks; 0: not rotated
   CUTE_HOST_DEVICE int steps() const { return m_last - m_first; }
+  // Whether the entry has keys in this block (varlen: not past its keys).
+  CUTE_HOST_DEVICE bool has_keys(int block_n) const { return n_block * block_n < seq.seqlen_k; }
   // The query block of the walk's step m_step, counted from m_first (the block an unrotated walk
   // visits then). kRotatable: the config walks rotated where asked (BwdConfig::rotate); if not,
   // the compiler sees that the walk is unrotated.
