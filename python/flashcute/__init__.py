@@ -22,8 +22,9 @@ except ImportError as e:  # pragma: no cover - only for broken installs / source
         f"({e}). Install the package (pip install .) rather than importing it from the source tree."
     ) from e
 
-from .flash_attn_interface import (flash_attn_bwd, flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache,
-                                   merge_attn_states)
+from .flash_attn_interface import (flash_attn_bwd, flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func,
+                                   flash_attn_varlen_func, flash_attn_varlen_kvpacked_func,
+                                   flash_attn_varlen_qkvpacked_func, flash_attn_with_kvcache, merge_attn_states)
 
 if _sys.modules.get("torch") is not None:  # torch is there: register torch.ops.flashcute.* now
     from . import _torch  # noqa: F401  (otherwise the first call with a torch tensor registers it)
@@ -34,6 +35,10 @@ __version__: str = _C.__version__  # not in the generated _C.pyi: nanobind's stu
 __all__ = [
     "flash_attn_func",
     "flash_attn_varlen_func",
+    "flash_attn_qkvpacked_func",
+    "flash_attn_kvpacked_func",
+    "flash_attn_varlen_qkvpacked_func",
+    "flash_attn_varlen_kvpacked_func",
     "flash_attn_with_kvcache",
     "flash_attn_bwd",
     "merge_attn_states",

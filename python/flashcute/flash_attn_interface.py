@@ -12,11 +12,12 @@ other DLPack producers through DLPack.
 import numbers
 from typing import Any, Optional, Tuple, Union
 
-from ._args import (_as_bool, _as_int, _check_fa2_only, _check_scalars_first, _one_framework, _parse_options,
-                    _parse_stream)
+from ._args import (_as_bool, _as_int, _check_cuda_array, _check_fa2_only, _check_scalars_first, _one_framework,
+                    _parse_options, _parse_stream)
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache", "flash_attn_bwd",
-           "merge_attn_states"]
+           "merge_attn_states", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func",
+           "flash_attn_varlen_qkvpacked_func", "flash_attn_varlen_kvpacked_func"]
 
 # Each call checks its plain arguments (flashcute._args), finds the framework of its arrays in the
 # registry (flashcute._args._framework), and hands the call to that framework's binding, which has
@@ -331,6 +332,159 @@ def flash_attn_varlen_func(
     if return_attn_probs:
         return out, lse, None
     return (out, lse) if want_lse else out
+
+
+# ---------------------------------------------------------------------------
+# FlashAttention-2's packed forms
+# ---------------------------------------------------------------------------
+
+
+def _unpack(name: str, packed: Any, layout: Tuple[str, ...]) -> Tuple[Any, ...]:
+    """The parts of a packed array (FlashAttention-2's qkv or kv) along its "3" or "2" axis, as
+    views where the framework has them: torch's unbind (one stack in autograd's backward), else
+    indexing (JAX slices, CuPy views). The shape is checked before the device, as _C checks a
+    structure before the device."""
+    axis = layout.index("3") if "3" in layout else layout.index("2")
+    shape = getattr(packed, "shape", None)
+    if shape is None:
+        _check_cuda_array(name, packed)  # not an array at all: the usual TypeError
+        raise TypeError(f"{name}: expected an array with a shape (torch.Tensor, cupy.ndarray, jax.Array), "
+                        f"got {type(packed).__qualname__}")
+    shape = tuple(shape)
+    if len(shape) != len(layout) or shape[axis] != int(layout[axis]):
+        raise ValueError(f"{name}: expected a ({', '.join(layout)}) array, got shape {shape}")
+    _check_cuda_array(name, packed)
+    if hasattr(packed, "unbind"):
+        return tuple(packed.unbind(axis))
+    index = (slice(None),) * axis
+    return tuple(packed[index + (i,)] for i in range(int(layout[axis])))
+
+
+def flash_attn_qkvpacked_func(
+    qkv: Any,
+    dropout_p: float = 0.0,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: Any = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+    *,
+    return_lse: bool = False,
+    stream: Union[None, int, Any] = None,
+) -> Union[Any, Tuple[Any, Any], Tuple[Any, Any, None]]:
+    """FlashAttention-2's ``flash_attn_qkvpacked_func``: :func:`flash_attn_func` on q, k and v
+    packed in one array.
+
+    Arguments:
+        qkv: (batch_size, seqlen, 3, nheads, headdim): q, k and v are its views ``qkv[:, :, i]``
+            (no copy; torch autograd returns the gradient as one (b, s, 3, h, d) tensor).
+        The other arguments and the return value are :func:`flash_attn_func`'s.
+    """
+    _check_fa2_only(dropout_p, alibi_slopes)
+    _parse_options(softmax_scale, causal, window_size, softcap)  # plain arguments first, as flash_attn_func
+    q, k, v = _unpack("qkv", qkv, ("batch_size", "seqlen", "3", "nheads", "headdim"))
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                           deterministic, return_attn_probs, return_lse=return_lse, stream=stream)
+
+
+def flash_attn_kvpacked_func(
+    q: Any,
+    kv: Any,
+    dropout_p: float = 0.0,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: Any = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+    *,
+    return_lse: bool = False,
+    stream: Union[None, int, Any] = None,
+) -> Union[Any, Tuple[Any, Any], Tuple[Any, Any, None]]:
+    """FlashAttention-2's ``flash_attn_kvpacked_func``: :func:`flash_attn_func` with k and v
+    packed in one array.
+
+    Arguments:
+        q: (batch_size, seqlen_q, nheads, headdim).
+        kv: (batch_size, seqlen_k, 2, nheads_k, headdim): k and v are its views ``kv[:, :, i]``.
+        The other arguments and the return value are :func:`flash_attn_func`'s.
+    """
+    _check_fa2_only(dropout_p, alibi_slopes)
+    _parse_options(softmax_scale, causal, window_size, softcap)
+    k, v = _unpack("kv", kv, ("batch_size", "seqlen_k", "2", "nheads_k", "headdim"))
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                           deterministic, return_attn_probs, return_lse=return_lse, stream=stream)
+
+
+def flash_attn_varlen_qkvpacked_func(
+    qkv: Any,
+    cu_seqlens: Any,
+    max_seqlen: int,
+    dropout_p: float = 0.0,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: Any = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+    *,
+    return_lse: bool = False,
+    stream: Union[None, int, Any] = None,
+) -> Union[Any, Tuple[Any, Any], Tuple[Any, Any, None]]:
+    """FlashAttention-2's ``flash_attn_varlen_qkvpacked_func``: :func:`flash_attn_varlen_func`
+    on q, k and v packed in one array, with one cu_seqlens and max_seqlen for queries and keys.
+
+    Arguments:
+        qkv: (total, 3, nheads, headdim): q, k and v are its views ``qkv[:, i]``.
+        cu_seqlens: int32 (batch + 1,), as cu_seqlens_q and cu_seqlens_k of
+            :func:`flash_attn_varlen_func`. max_seqlen: the longest sequence.
+        The other arguments and the return value are :func:`flash_attn_varlen_func`'s.
+    """
+    _check_fa2_only(dropout_p, alibi_slopes)
+    _parse_options(softmax_scale, causal, window_size, softcap)
+    q, k, v = _unpack("qkv", qkv, ("total", "3", "nheads", "headdim"))
+    return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, softmax_scale,
+                                  causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs,
+                                  return_lse=return_lse, stream=stream)
+
+
+def flash_attn_varlen_kvpacked_func(
+    q: Any,
+    kv: Any,
+    cu_seqlens_q: Any,
+    cu_seqlens_k: Any,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    dropout_p: float = 0.0,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: Any = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+    *,
+    return_lse: bool = False,
+    stream: Union[None, int, Any] = None,
+) -> Union[Any, Tuple[Any, Any], Tuple[Any, Any, None]]:
+    """FlashAttention-2's ``flash_attn_varlen_kvpacked_func``: :func:`flash_attn_varlen_func`
+    with k and v packed in one array.
+
+    Arguments:
+        q: (total_q, nheads, headdim).
+        kv: (total_k, 2, nheads_k, headdim): k and v are its views ``kv[:, i]``.
+        The other arguments and the return value are :func:`flash_attn_varlen_func`'s.
+    """
+    _check_fa2_only(dropout_p, alibi_slopes)
+    _parse_options(softmax_scale, causal, window_size, softcap)
+    k, v = _unpack("kv", kv, ("total_k", "2", "nheads_k", "headdim"))
+    return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                                  softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                                  return_attn_probs, return_lse=return_lse, stream=stream)
 
 
 # ---------------------------------------------------------------------------

@@ -846,3 +846,31 @@ def test_options_tuple_is_read_strictly():
     _C.check_options((None, True, 3, 0, 30.0), 128, 0, 2**31 - 1)  # valid: no error
     with raises(ValueError, "num_splits: expected 0 (automatic) to 128, got -1"):
         _C.check_options((None, False, -1, -1, 0.0), -1)
+
+
+@pytest.mark.parametrize("fn, args, name, layout", [
+    ("flash_attn_qkvpacked_func", lambda p: (p,), "qkv", "(batch_size, seqlen, 3, nheads, headdim)"),
+    ("flash_attn_kvpacked_func", lambda p: (arr((2, 16, 8, 64)), p), "kv", "(batch_size, seqlen_k, 2, nheads_k, headdim)"),
+    ("flash_attn_varlen_qkvpacked_func", lambda p: (p, np.zeros(3, np.int32), 16), "qkv", "(total, 3, nheads, headdim)"),
+    ("flash_attn_varlen_kvpacked_func", lambda p: (arr((32, 8, 64)), p, np.zeros(3, np.int32), np.zeros(3, np.int32), 16, 16),
+     "kv", "(total_k, 2, nheads_k, headdim)"),
+])
+def test_packed_forms_check_the_packed_array(fn, args, name, layout):
+    """FlashAttention-2's packed forms: the packed array's shape first, then that it is a CUDA array,
+    each error naming it; plain arguments before either."""
+    f = getattr(flashcute, fn)
+    parts = 3 if name == "qkv" else 2
+    good = [2, 16, parts, 8, 64] if "batch_size" in layout else [32, parts, 8, 64]
+    wrong_parts = list(good)
+    wrong_parts[len(good) - 3] = 5 - parts  # 2 for qkv, 3 for kv
+    for shape in (good[1:], wrong_parts, good + [1]):
+        with raises(ValueError, f"{name}: expected a {layout} array, got shape {tuple(shape)}"):
+            f(*args(arr(tuple(shape))))
+    with raises(TypeError, f"{name}: expected a CUDA array, got a CPU numpy.ndarray"):
+        f(*args(arr(tuple(good))))
+    with raises(TypeError, f"{name}: expected a CUDA array"):
+        f(*args([[1.0]]))
+    with raises(NotImplementedError, "dropout_p: flashcute has no dropout yet"):
+        f(*args(arr((1,))), dropout_p=0.1)
+    with raises(TypeError, "window_size: expected a tuple (left, right)"):
+        f(*args(arr((1,))), window_size=(1, 2, 3))

@@ -48,6 +48,19 @@ def test_traced_call_is_one_custom_call(fp16_d64):
     assert "f16[2,128,8,64]" in text and "f32[2,8,128]" in text
 
 
+def test_traced_packed_form_slices_then_one_custom_call(fp16_d64):
+    """flash_attn_qkvpacked_func under a tracer: the three slices of qkv, one forward custom call;
+    a wrong packed shape fails at trace time naming qkv."""
+    from flashcute import _jax
+
+    _jax._register()
+    text = jaxpr(lambda qkv: flashcute.flash_attn_qkvpacked_func(qkv, causal=True), spec(2, 128, 3, 8, 64))
+    assert text.count("flashcute_fwd") == 1, text
+    assert "f16[2,128,3,8,64]" in text and "f16[2,128,8,64]" in text
+    with pytest.raises(ValueError, match=r"qkv: expected a \(batch_size, seqlen, 3, nheads, headdim\) array"):
+        jax.make_jaxpr(flashcute.flash_attn_qkvpacked_func)(spec(2, 128, 2, 8, 64))
+
+
 @pytest.mark.parametrize("shapes, exc, message", [
     (((2, 128, 8, 64), (3, 100, 4, 64), (3, 100, 4, 64)), ValueError, "k: batch 3 does not match q's batch 2"),
     (((2, 128, 8, 64), (2, 100, 3, 64), (2, 100, 3, 64)), ValueError, "nheads (8) must be a multiple of nheads_k (3)"),

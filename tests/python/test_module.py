@@ -146,6 +146,18 @@ def test_public_api():
                             alibi_slopes=None, deterministic=False, return_attn_probs=False, return_lse=False,
                             out=None, stream=None)
     assert flashcute.flash_attn_func.__doc__ and "window_size" in flashcute.flash_attn_func.__doc__
+    # FlashAttention-2's packed forms, in its positional order, with return_lse and stream.
+    options = fa2[3:]
+    packed = {
+        "flash_attn_qkvpacked_func": ["qkv"],
+        "flash_attn_kvpacked_func": ["q", "kv"],
+        "flash_attn_varlen_qkvpacked_func": ["qkv", "cu_seqlens", "max_seqlen"],
+        "flash_attn_varlen_kvpacked_func": ["q", "kv", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k"],
+    }
+    for name, arrays in packed.items():
+        params = list(inspect.signature(getattr(flashcute, name)).parameters.values())
+        assert [p.name for p in params] == arrays + options + ["return_lse", "stream"], name
+        assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params[-2:]), name
 
 
 def test_import_does_not_import_frameworks_or_touch_cuda():
