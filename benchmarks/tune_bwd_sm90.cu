@@ -37,9 +37,10 @@ void run_one(const BwdProblem& b) {
   const int padded = int(flashcute::sm90::bwd_padded_rows(p.seqlen_q));
   const int64_t rows = int64_t(p.batch) * p.nheads * padded;
   float* dq_accum = p.dsum + 2 * rows;
+  int* tile_counter = reinterpret_cast<int*>(dq_accum + flashcute::sm90::bwd_tile_counter_offset(rows, Traits::kHeadDim));
   const float pre = median_ms([&] {
     (void)flashcute::sm90::launch_bwd_preprocess<Element, Traits::kHeadDim>(p, p.dsum, p.dsum + rows, dq_accum,
-                                                                            nullptr, padded, nullptr);
+                                                                            nullptr, tile_counter, padded, nullptr);
   });
   const float post = median_ms([&] {
     flashcute::sm90::bwd_postprocess_kernel<Traits>

@@ -90,15 +90,12 @@ CUTE_DEVICE void bwd_preprocess_block(const BwdParams& p, const BwdBatch& seq, i
 template <class Element, int kHeadDim, bool kExact>
 __global__ void __launch_bounds__(256, 2) bwd_preprocess_kernel(const BwdParams p, BwdPreBlocks blocks, float* dpsum,
                                                              float* lse2, float* dq_accum, int* dq_semaphore,
-                                                             int64_t padded_rows) {
+                                                             int* tile_counter, int64_t padded_rows) {
   // Two copies of the block: in the fixed-length one the entry's lengths and offsets fold to the
   // params (one copy for both took d 64's causal preprocess from 0.17 to 0.27 ms).
   allow_dependents();  // the main kernel's CTAs wait for the whole grid (wait_for_primary)
-  if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && threadIdx.x == 0) {
-    // The persistent main kernel's tile counter, after the add counts (config.hpp).
-    const int64_t all = (p.cu_seqlens_q != nullptr ? 1 : p.batch) * int64_t(p.nheads) * padded_rows;
-    *reinterpret_cast<int*>(dq_accum + bwd_tile_counter_offset(all, kHeadDim)) = 0;
-  }
+  // The persistent main kernel's tile counter (BwdKernelParams::tile_counter).
+  if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 && threadIdx.x == 0) *tile_counter = 0;
   const int head = int(blockIdx.y), batch = int(blockIdx.z), m_block = blocks.block(int(blockIdx.x));
   if (p.cu_seqlens_q == nullptr) {
     bwd_preprocess_block<Element, kHeadDim, kExact>(p, BwdBatch(p, batch, padded_rows), m_block, head, batch, dpsum,

@@ -33,12 +33,12 @@ namespace flashcute::sm90 {
 // kernel measured no faster at d 128: perf-notes, b26).
 template <class Element, int kHeadDim>
 Status launch_bwd_preprocess(const BwdParams& p, float* dpsum, float* lse2, float* dq_accum, int* dq_semaphore,
-                             int64_t padded, cudaStream_t stream) {
+                             int* tile_counter, int64_t padded, cudaStream_t stream) {
   const int blocks = int(bwd_padded_rows(p.seqlen_q) / 64);
   auto launch = [&](auto exact, int count, BwdPreBlocks which) {
     const dim3 grid(unsigned(count), unsigned(p.nheads), unsigned(p.batch));
     bwd_preprocess_kernel<Element, kHeadDim, decltype(exact)::value>
-        <<<grid, 256, 0, stream>>>(p, which, dpsum, lse2, dq_accum, dq_semaphore, padded);
+        <<<grid, 256, 0, stream>>>(p, which, dpsum, lse2, dq_accum, dq_semaphore, tile_counter, padded);
   };
   if constexpr (kHeadDim <= 64) {
     if (bwd_varlen_few_exact_blocks(p, kExactDsumKeys)) {
@@ -79,7 +79,9 @@ Status launch_bwd_with(const BwdParams& params, cudaStream_t stream) {
   float* dq_accum = p.dsum + 2 * rows;
   int* dq_semaphore =
       p.deterministic ? reinterpret_cast<int*>(dq_accum + bwd_dq_counts_offset(rows, kHeadDim)) : nullptr;
-  if (Status st = launch_bwd_preprocess<Element, kHeadDim>(p, dpsum, lse2, dq_accum, dq_semaphore, padded, stream);
+  int* tile_counter = reinterpret_cast<int*>(dq_accum + bwd_tile_counter_offset(rows, kHeadDim));
+  if (Status st = launch_bwd_preprocess<Element, kHeadDim>(p, dpsum, lse2, dq_accum, dq_semaphore, tile_counter,
+                                                           padded, stream);
       !st.ok())
     return st;
 
@@ -110,7 +112,7 @@ Status launch_bwd_with(const BwdParams& params, cudaStream_t stream) {
       make_tma_copy(SM90_TMA_LOAD{}, k, typename Traits::SmemLayoutK{}),
       make_tma_copy(SM90_TMA_LOAD{}, v, typename Traits::SmemLayoutK{}),
       rotate,
-      reinterpret_cast<int*>(dq_accum + bwd_tile_counter_offset(rows, kHeadDim)),
+      tile_counter,
   };
   constexpr int kSmem = Traits::kSmemBytes;
   // Each a dependent of the kernel before it (common/pdl.hpp), which hides its launch.
