@@ -92,6 +92,11 @@ __device__ void store4(T* dst, float4 x) {
 template <class T>
 __global__ void __launch_bounds__(32 * kWarpsPerCta) combine_kernel(__grid_constant__ const FwdParams p) {
   constexpr int kSlots = kMaxSplits / 32;
+  // kChunk splits' partials are loaded before any is added, so that their loads are in flight
+  // together; the first chunk's go out with the lse loads, so up to 16 splits (what a batch-1
+  // decode picks) cost one round trip to L2, not three.
+  constexpr int kChunk = 16;
+  static_assert(32 % kChunk == 0, "a chunk's splits share one lse slot");
   const int64_t rows = int64_t(p.batch) * p.nheads * p.seqlen_q;
   const int64_t row = int64_t(blockIdx.x) * kWarpsPerCta + threadIdx.x / 32;  // ((b, h), s) like lse_accum
   const int lane = threadIdx.x % 32;
@@ -101,6 +106,19 @@ __global__ void __launch_bounds__(32 * kWarpsPerCta) combine_kernel(__grid_const
   const int b = int(row / (int64_t(p.seqlen_q) * p.nheads));
   const int64_t split_stride = rows;  // lse_accum is (num_splits, batch, nheads, seqlen_q)
   wait_for_primary();
+
+  // x: splits first .. first + kChunk - 1 of columns c .. c + 3 (zeros past num_splits or head_dim).
+  float4 x[kChunk];
+  auto load_chunk = [&](int first, int c) {
+#pragma unroll
+    for (int u = 0; u < kChunk; ++u) {
+      const int split = first + u;
+      x[u] = c < p.head_dim && split < p.num_splits
+                 ? *reinterpret_cast<const float4*>(p.o_accum + (split * split_stride + row) * p.head_dim + c)
+                 : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+  };
+  load_chunk(0, lane * 4);
 
   float lse_part[kSlots];
   float max_lse = -INFINITY;
@@ -125,35 +143,28 @@ __global__ void __launch_bounds__(32 * kWarpsPerCta) combine_kernel(__grid_const
   T* out = static_cast<T*>(p.o) + b * p.o_batch_stride + s * p.o_row_stride + h * p.o_head_stride;
   // Every lane runs every pass, so that each shuffle has the whole warp; lanes past head_dim
   // (lane 16 on at d 64) only serve the shuffles.
-  // kChunk splits' partials are loaded before any is added, so that their loads are in flight
-  // together (one at a time, a batch-1 decode's 16 splits cost 16 L2 round trips).
-  constexpr int kChunk = 8;
-  static_assert(32 % kChunk == 0, "a chunk's splits share one lse slot");
   for (int c0 = 0; c0 < p.head_dim; c0 += 128) {
     const int c = c0 + lane * 4;
-    const bool mine = c < p.head_dim;
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    // The weights of splits first .. first + 31 in slot 0, shifted down a slot every 32 splits
+    // (a static shift: an indexed slot would put the array in local memory).
+    float slots[kSlots];
 #pragma unroll
-    for (int j = 0; j < kSlots; ++j) {
-      for (int first = j * 32; first < j * 32 + 32 && first < p.num_splits; first += kChunk) {
-        float w[kChunk];
-        float4 x[kChunk];
+    for (int j = 0; j < kSlots; ++j) slots[j] = lse_part[j];
+    for (int first = 0; first < p.num_splits; first += kChunk) {
+      if (c0 > 0 || first > 0) load_chunk(first, c);  // the first chunk is in x already
 #pragma unroll
-        for (int u = 0; u < kChunk; ++u) {
-          const int split = first + u;
-          w[u] = __shfl_sync(0xffffffffu, lse_part[j], split % 32);
-          x[u] = mine && split < p.num_splits
-                     ? *reinterpret_cast<const float4*>(p.o_accum + (split * split_stride + row) * p.head_dim + c)
-                     : make_float4(0.f, 0.f, 0.f, 0.f);
-        }
+      for (int u = 0; u < kChunk; ++u) {
+        const float w = __shfl_sync(0xffffffffu, slots[0], (first + u) % 32);
+        if (first + u < p.num_splits)
+          acc.x += w * x[u].x, acc.y += w * x[u].y, acc.z += w * x[u].z, acc.w += w * x[u].w;
+      }
+      if ((first + kChunk) % 32 == 0) {
 #pragma unroll
-        for (int u = 0; u < kChunk; ++u) {
-          if (first + u >= p.num_splits) break;
-          acc.x += w[u] * x[u].x, acc.y += w[u] * x[u].y, acc.z += w[u] * x[u].z, acc.w += w[u] * x[u].w;
-        }
+        for (int j = 0; j + 1 < kSlots; ++j) slots[j] = slots[j + 1];
       }
     }
-    if (mine) store4(out + c, acc);
+    if (c < p.head_dim) store4(out + c, acc);
   }
   if (lane == 0 && p.lse != nullptr) p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + s] = lse;
 }
