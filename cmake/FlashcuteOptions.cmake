@@ -35,7 +35,7 @@ option(FLASHCUTE_BUILD_PYTHON "Build the Python extension flashcute._C" ${_flash
 option(FLASHCUTE_BUILD_TESTS "Build the C++ tests and register them with ctest" OFF)
 option(FLASHCUTE_TEST_EXAMPLE_DEFAULT_LIST
        "With the tests: also build and run examples/cpp with the installed list of every kernel, in one TU (slow; for GPU machines)" OFF)
-option(FLASHCUTE_BUILD_TUNING "Build benchmarks/tune_fwd, tune_bwd and tune_bwd_sm90 (tile-config sweeps; no test runs them)" OFF)
+option(FLASHCUTE_BUILD_TUNING "Build benchmarks/tune_fwd, tune_bwd, tune_decode and tune_bwd_sm90 (config sweeps; no test runs them)" OFF)
 set(FLASHCUTE_ONE_ARCH OFF CACHE STRING
     "ON: compile each kernel family for one architecture (sm80: the oldest of FLASHCUTE_CUDA_ARCHS; sm90: sm_90a), e.g. for CI")
 option(FLASHCUTE_PTXAS_VERBOSE "Print each kernel's register and shared-memory use (-Xptxas -v)" OFF)
