@@ -182,10 +182,13 @@ def _fwd_lse_setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
     ctx.save_for_backward(q, k, v, out, lse)
     ctx.options, ctx.deterministic = tuple(options[:5]), bool(options[5]) if len(options) > 5 else False
     ctx.mark_non_differentiable(lse)
+    ctx.set_materialize_grads(False)  # else autograd zero-fills an lse gradient (a kernel) every backward
 
 
-def _fwd_lse_backward(ctx: Any, grad_out: Tensor, grad_lse: Optional[Tensor]) -> tuple:
+def _fwd_lse_backward(ctx: Any, grad_out: Optional[Tensor], grad_lse: Optional[Tensor]) -> tuple:
     # The lse is not differentiable (as in FlashAttention-2): its gradient, if any, is ignored.
+    if grad_out is None:  # no gradient reached out (grads are not materialized)
+        return (None,) * 9
     q, k, v, out, lse = ctx.saved_tensors
     dq, dk, dv = _bwd_op(_grad_ready(grad_out), q, k, v, out, lse, *ctx.options, ctx.deterministic)
     return dq, dk, dv, None, None, None, None, None, None
@@ -292,9 +295,12 @@ def _varlen_fwd_setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
     ctx.sizes = (max_q, max_k)
     ctx.options, ctx.deterministic = tuple(options[:5]), bool(options[5]) if len(options) > 5 else False
     ctx.mark_non_differentiable(lse)
+    ctx.set_materialize_grads(False)  # as fwd_lse's: no zero-filled lse gradient
 
 
-def _varlen_fwd_backward(ctx: Any, grad_out: Tensor, grad_lse: Optional[Tensor]) -> tuple:
+def _varlen_fwd_backward(ctx: Any, grad_out: Optional[Tensor], grad_lse: Optional[Tensor]) -> tuple:
+    if grad_out is None:
+        return (None,) * 13
     q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
     dq, dk, dv = _varlen_bwd_op(_grad_ready(grad_out), q, k, v, out, lse, cu_q, cu_k, *ctx.sizes, *ctx.options,
                                  ctx.deterministic)

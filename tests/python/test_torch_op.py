@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch")
 
 import flashcute  # noqa: E402
 from flashcute import _torch  # noqa: E402,F401  (registers the op)
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 
 # The dtype the traced calls use: one this build compiled (FLASHCUTE_DTYPES may leave either out).
@@ -108,6 +109,37 @@ def test_gradients_flow_through_the_bwd_op():
     out = attn(q, k, v, causal=True)
     out.backward(torch.empty_like(out))
     assert q.grad.shape == q.shape and k.grad.shape == k.shape and v.grad.shape == v.shape
+
+
+class _Ops(TorchDispatchMode):
+    """Names the ops that run while it is active."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def _backward_ops(out):
+    with _Ops() as ops:
+        out.backward(torch.empty_like(out))
+    return ops.names
+
+
+def test_backward_fills_no_lse_gradient():
+    # The lse output is not differentiable. With gradient materialisation on, autograd would
+    # zero-fill a gradient for it before every backward: a fill kernel a call on the GPU.
+    q, k, v = (meta(*s).requires_grad_() for s in ((2, 16, 4, 64), (2, 24, 2, 64), (2, 24, 2, 64)))
+    names = _backward_ops(attn(q, k, v, causal=True))
+    assert "flashcute.bwd.default" in names and not any("zeros" in n or "fill" in n for n in names), names
+    q, k = meta(40, 4, 64).requires_grad_(), meta(50, 2, 64).requires_grad_()
+    cu_q = torch.tensor([0, 10, 40], dtype=torch.int32, device="meta")
+    cu_k = torch.tensor([0, 20, 50], dtype=torch.int32, device="meta")
+    names = _backward_ops(flashcute.flash_attn_varlen_func(q, k, k, cu_q, cu_k, 30, 30, causal=True))
+    assert "flashcute.varlen_bwd.default" in names and not any("zeros" in n or "fill" in n for n in names), names
 
 
 def test_compiled_forward_and_backward_trace_one_op_each():
