@@ -1,13 +1,15 @@
 // tune_decode: times the KV-cache decode call (one query token a sequence) through the C++ API
 // with the library's split count and with forced ones, contiguous and paged, in one process.
 //
-// Each variant is captured once as a CUDA graph and replayed after an L2 flush (256 MiB written),
-// as `python -m flashcute.bench decode` times replays; 20 replays in variant order, then 20 in
+// Each variant is captured once as a CUDA graph and replayed after an L2 flush (256 MiB written,
+// then another 256 MiB read, so L2 holds clean lines), as `python -m flashcute.bench decode` times replays; 20 replays in variant order, then 20 in
 // reverse, the median of the 40. Every variant's output is compared with the first one's
 // (max |diff|), so a broken variant shows as a large difference, not as a fast time.
 //   nvcc -std=c++20 -O3 -arch=sm_90a --expt-relaxed-constexpr --use_fast_math -Iinclude \
 //        -I<build>/include -Ithird_party/cutlass/include -DTUNE_HDIM=128 benchmarks/tune_decode.cu -o tune_decode
 //   ./tune_decode [batches] [seqlens] [splits]    e.g. ./tune_decode 1,2,4 4096,16384 4,8,16
+//   (TUNE_SHORT=n: each sequence n keys short of the capacity seqlen; bandwidth still counts seqlen;
+//   TUNE_IN_ORDER=1: the paged cache's pages in order, not shuffled)
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -37,6 +39,16 @@ std::vector<int> ints(const char* s) {
   return v;
 }
 
+// Reads n 16-byte words (the flush's second half: the lines it leaves in L2 are clean).
+__global__ void read_through(const uint4* p, size_t n, unsigned* sink) {
+  unsigned acc = 0;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const uint4 v = p[i];
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x9e3779b9u) *sink = acc;  // never in practice: keeps the loads
+}
+
 struct Variant {
   std::string name;
   bool paged;
@@ -56,9 +68,16 @@ int main(int argc, char** argv) {
     variants.push_back({"s" + std::to_string(s), false, s});
     variants.push_back({"paged-s" + std::to_string(s), true, s});
   }
+  // TUNE_SHORT=n: each sequence holds n keys fewer than the cache's capacity (cache_seqlens).
+  const int short_by = std::getenv("TUNE_SHORT") ? std::atoi(std::getenv("TUNE_SHORT")) : 0;
   const size_t flush_bytes = size_t(256) << 20;
   void* flush = nullptr;
   CHECK_CUDA(cudaMalloc(&flush, flush_bytes));
+  void* clean = nullptr;
+  unsigned* sink = nullptr;
+  CHECK_CUDA(cudaMalloc(&clean, flush_bytes));
+  CHECK_CUDA(cudaMemset(clean, 0, flush_bytes));
+  CHECK_CUDA(cudaMalloc(&sink, sizeof(unsigned)));
   cudaStream_t stream;
   CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   cudaEvent_t ev0, ev1;
@@ -85,7 +104,7 @@ int main(int argc, char** argv) {
         const int per_seq = sk / page, num_pages = batch * per_seq;
         std::vector<int> perm(num_pages);
         std::iota(perm.begin(), perm.end(), 0);
-        std::shuffle(perm.begin(), perm.end(), std::mt19937(7));
+        if (!std::getenv("TUNE_IN_ORDER")) std::shuffle(perm.begin(), perm.end(), std::mt19937(7));
         Element *kp = nullptr, *vp = nullptr;
         CHECK_CUDA(cudaMalloc(&kp, 2 * kv_elems * sizeof(Element)));
         vp = kp + kv_elems;
@@ -98,7 +117,7 @@ int main(int argc, char** argv) {
           }
         int* ints_dev = nullptr;  // block table, then cache lengths
         CHECK_CUDA(cudaMalloc(&ints_dev, sizeof(int) * (num_pages + batch)));
-        std::vector<int> lens(batch, sk);
+        std::vector<int> lens(batch, sk - short_by);
         CHECK_CUDA(cudaMemcpy(ints_dev, perm.data(), sizeof(int) * num_pages, cudaMemcpyHostToDevice));
         CHECK_CUDA(cudaMemcpy(ints_dev + num_pages, lens.data(), sizeof(int) * batch, cudaMemcpyHostToDevice));
 
@@ -153,6 +172,7 @@ int main(int argc, char** argv) {
             for (int w = 0; w < warmup; ++w) CHECK_CUDA(cudaGraphLaunch(graphs[i], stream));
             for (int it = 0; it < iters; ++it) {
               CHECK_CUDA(cudaMemsetAsync(flush, it & 0xff, flush_bytes, stream));
+              read_through<<<1024, 256, 0, stream>>>(static_cast<const uint4*>(clean), flush_bytes / 16, sink);
               CHECK_CUDA(cudaEventRecord(ev0, stream));
               CHECK_CUDA(cudaGraphLaunch(graphs[i], stream));
               CHECK_CUDA(cudaEventRecord(ev1, stream));

@@ -296,7 +296,7 @@ class NumpyLib(ArrayLib):
     def synchronize(self) -> None:
         pass
 
-    def l2_flusher(self, nbytes: int) -> Any:
+    def l2_flusher(self, nbytes: int, clean: bool = False) -> Any:
         self.flush_buffers.append(nbytes)
         return lambda: self.log.append("flush")
 
@@ -854,6 +854,36 @@ def test_decode_mode_parses_and_needs_torch_with_a_gpu(monkeypatch, capsys, tmp_
     assert not any(tmp_path.iterdir())
 
 
+def test_decode_flushes_to_a_clean_l2(monkeypatch):
+    """The decode bench's flush leaves clean lines in L2 (a write, then a read of another buffer):
+    after a write alone each timed call also wrote back the flush's lines. The forward bench keeps
+    the write alone, as triton's do_bench has it."""
+    from flashcute.bench import decode
+
+    asked = []
+
+    class FakeLib:
+        def device_info(self) -> DeviceInfo:
+            return DeviceInfo("Fake GPU", "9.0", 132, 50 << 20, 80 << 30)
+
+        def l2_flusher(self, nbytes: int, clean: bool = False) -> Any:
+            asked.append((nbytes, clean))
+            return lambda: None
+
+    monkeypatch.setattr(decode.TorchLib, "load", classmethod(lambda cls: FakeLib()))
+    monkeypatch.setattr(flashcute, "is_available", lambda: True)
+    how = Timing(STANDARD, 5, 20)
+    assert decode.open_torch("p", how, clean_l2=True)[1] == 256 << 20
+    assert decode.open_torch("p", how)[1] == 256 << 20
+    assert asked == [(256 << 20, True), (256 << 20, False)]
+    assert decode.open_torch("p", Timing(TURNS, 5, 8, 4), clean_l2=True)[1:] == (None, None)  # turns: no flush
+    assert "(a 256 MiB buffer written, then another read outside the events)" in how.method(256 << 20, clean=True)
+    assert "(a 256 MiB buffer written outside the events)" in how.method(256 << 20)
+    opened = []
+    monkeypatch.setattr(decode, "open_torch", lambda prog, how, clean_l2=False: opened.append(clean_l2))
+    assert decode.main([]) == 1 and opened == [True]  # what main asks for
+
+
 def test_decode_rows_and_summary_per_mode():
     from flashcute.bench import decode
 
@@ -954,7 +984,7 @@ def test_prefill_main_reports_and_writes_the_points(monkeypatch, capsys, tmp_pat
         def device_info(self) -> DeviceInfo:
             return DeviceInfo("Fake GPU", "9.0", 132, 50 << 20, 80 << 30)
 
-        def l2_flusher(self, nbytes: int) -> Any:
+        def l2_flusher(self, nbytes: int, clean: bool = False) -> Any:
             return lambda: None
 
     seen = []

@@ -110,9 +110,12 @@ class ArrayLib(ABC):
     def synchronize(self) -> None: ...
 
     @abstractmethod
-    def l2_flusher(self, nbytes: int) -> Callable[[], None]:
+    def l2_flusher(self, nbytes: int, clean: bool = False) -> Callable[[], None]:
         """A call that writes a device buffer of `nbytes` (allocated once, here) on the current
-        stream: run between timed calls, it evicts from L2 whatever the previous call left there."""
+        stream: run between timed calls, it evicts from L2 whatever the previous call left there.
+        With `clean` it then reads a second buffer of `nbytes`, so the timed call starts on clean
+        lines instead of writing back the flush's own (an H200 spends 11-13 us on that, a tenth of
+        a 270 MB decode step; the decode bench asks for it)."""
 
     def make_inputs(self, point: Point, seed: int) -> Inputs:
         """Random inputs for one point (FlashAttention's benchmark uses randn), reproducible from `seed`."""
@@ -174,9 +177,17 @@ class TorchLib(ArrayLib):
     def synchronize(self) -> None:
         self.m.cuda.synchronize()
 
-    def l2_flusher(self, nbytes: int) -> Callable[[], None]:
+    def l2_flusher(self, nbytes: int, clean: bool = False) -> Callable[[], None]:
         buf = self.m.empty(nbytes, dtype=self.m.int8, device="cuda")
-        return buf.zero_
+        if not clean:
+            return buf.zero_
+        src = self.m.zeros(nbytes // 4, dtype=self.m.float32, device="cuda")
+
+        def flush() -> None:
+            buf.zero_()
+            src.sum()  # reads nbytes: the flush's dirty lines are written back here, outside the events
+
+        return flush
 
 
 class CupyLib(ArrayLib):
@@ -244,9 +255,17 @@ class CupyLib(ArrayLib):
     def synchronize(self) -> None:
         self.m.cuda.Device().synchronize()
 
-    def l2_flusher(self, nbytes: int) -> Callable[[], None]:
+    def l2_flusher(self, nbytes: int, clean: bool = False) -> Callable[[], None]:
         buf = self.m.empty(nbytes, dtype=self.m.int8)
-        return lambda: buf.fill(0)
+        if not clean:
+            return lambda: buf.fill(0)
+        src = self.m.zeros(nbytes // 4, dtype=self.m.float32)
+
+        def flush() -> None:
+            buf.fill(0)
+            src.sum()
+
+        return flush
 
 
 LIBRARIES: dict[str, type[ArrayLib]] = {"torch": TorchLib, "cupy": CupyLib}  # --framework auto tries them in order

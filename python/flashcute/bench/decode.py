@@ -21,7 +21,9 @@ Bandwidth is the bytes of K and V over the median time of ``--iters`` timed call
 timer and schedules as the forward bench (:mod:`flashcute.bench.timing`, ``--timing``): by default
 the standard timing (each implementation after a warm-up, every timed call after an L2 flush
 outside its events, in order and then in reverse, the median of both passes), so a cache smaller
-than L2 is read from memory as in a served step; ``--timing turns --rounds N`` takes them in
+than L2 is read from memory as in a served step. The flush writes a buffer and then reads another,
+so that L2 holds clean lines: after a write alone each call also wrote back the flush's dirty
+lines, 11-13 us on an H200, which a served step, whose neighbours write little, does not pay; ``--timing turns --rounds N`` takes them in
 turns. ``--modes graph`` (the default, or ``--graph``) times CUDA-graph replays of each call: the
 GPU's time, as a served decode step runs; ``--modes eager`` (``--eager``) times plain calls, which
 include each call's host time; ``--modes graph,eager`` gives both, a row each.
@@ -306,10 +308,11 @@ def write_plot(path: Path, rows: Sequence[dict[str, Any]], copy: float, title: s
                        "seqlen_k", "TB/s of K+V", hline=(copy, "copy"))
 
 
-def open_torch(prog: str, how: Timing) -> tuple[TorchLib, int | None, Callable[[], None] | None] | None:
+def open_torch(prog: str, how: Timing, clean_l2: bool = False
+               ) -> tuple[TorchLib, int | None, Callable[[], None] | None] | None:
     """torch with a CUDA device flashcute runs on, and the L2 flush `how` asks for: (lib, flush
     bytes, flusher; None and None without flushes), or None once stderr says why not. decode and
-    prefill open it so."""
+    prefill open it so; decode with `clean_l2` (ArrayLib.l2_flusher)."""
     try:
         lib = TorchLib.load()
     except Exception as exc:  # LibraryUnavailable: no torch, or no GPU
@@ -319,7 +322,7 @@ def open_torch(prog: str, how: Timing) -> tuple[TorchLib, int | None, Callable[[
         print(f"{prog}: flashcute cannot run: {flashcute.cuda_status()}", file=sys.stderr)
         return None
     flush_nbytes = timing.flush_bytes(lib.device_info().l2_bytes) if how.flushes else None
-    return lib, flush_nbytes, (lib.l2_flusher(flush_nbytes) if flush_nbytes else None)
+    return lib, flush_nbytes, (lib.l2_flusher(flush_nbytes, clean=clean_l2) if flush_nbytes else None)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -330,7 +333,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     check_choices(parser, "--paths", a.paths, PATHS)
     if not all(1 <= n <= 128 for n in a.splits):
         parser.error(f"--splits: expected split counts in 1..128, got {','.join(map(str, a.splits))!r}")
-    opened = open_torch(PROG, how)
+    opened = open_torch(PROG, how, clean_l2=True)
     if opened is None:
         return 1
     lib, flush_nbytes, flush = opened
@@ -338,7 +341,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     gpu = torch.cuda.get_device_name()
     copy = copy_tbps(lib, how)
     modes = " and ".join({"graph": "CUDA-graph replays", "eager": "eager calls"}[m] for m in a.modes)
-    method = how.method(flush_nbytes)
+    method = how.method(flush_nbytes, clean=True)
     names = subject_names(a.paths, a.splits, a.append)
     print(f"# {PROG}: {gpu}, torch {torch.__version__}, flashcute {flashcute.__version__}, bf16, d {a.headdim}, "
           f"{modes}; copy {copy:.2f} TB/s; paged: {a.page}-token pages; paths {','.join(a.paths)}")

@@ -132,14 +132,15 @@ class Timing:
             return self.warmup
         return min(self.warmup, ROUND_WARMUP)
 
-    def method(self, flush_nbytes: int | None = None) -> str:
+    def method(self, flush_nbytes: int | None = None, clean: bool = False) -> str:
         """What the numbers are: the sentence the reports carry (the JSON's "timing", the log)."""
         n, per = self.plan()
         if self.kind == STANDARD:
             flush = f"{flush_nbytes >> 20} MiB" if flush_nbytes else "max(256 MiB, 2 x L2)"
             return (
                 f"standard timing: CUDA events around each call; per implementation {self.warmup} warm-up calls, "
-                f"then {per} timed calls, each after an L2 flush (a {flush} buffer written outside the events); "
+                f"then {per} timed calls, each after an L2 flush (a {flush} buffer written"
+                + (", then another read" if clean else "") + " outside the events); "
                 f"the implementations one after the other in the listed order, then again in reverse; the median "
                 f"of the {n * per} timed calls of both passes"
             )
