@@ -2,9 +2,10 @@
 // with the library's split count and with forced ones, contiguous and paged, in one process.
 //
 // Each variant is captured once as a CUDA graph and replayed after an L2 flush (256 MiB written,
-// then another 256 MiB read, so L2 holds clean lines), as `python -m flashcute.bench decode` times replays; 20 replays in variant order, then 20 in
-// reverse, the median of the 40. Every variant's output is compared with the first one's
-// (max |diff|), so a broken variant shows as a large difference, not as a fast time.
+// then another 256 MiB read, so L2 holds clean lines), as `python -m flashcute.bench decode` times
+// replays; 20 replays in variant order, then 20 in reverse, the median of the 40. Every variant's
+// output is compared with the first one's (max |diff|), so a broken variant shows as a large
+// difference, not as a fast time.
 //   nvcc -std=c++20 -O3 -arch=sm_90a --expt-relaxed-constexpr --use_fast_math -Iinclude \
 //        -I<build>/include -Ithird_party/cutlass/include -DTUNE_HDIM=128 benchmarks/tune_decode.cu -o tune_decode
 //   ./tune_decode [batches] [seqlens] [splits]    e.g. ./tune_decode 1,2,4 4096,16384 4,8,16
