@@ -188,7 +188,7 @@ def _fwd_lse_setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
 def _fwd_lse_backward(ctx: Any, grad_out: Optional[Tensor], grad_lse: Optional[Tensor]) -> tuple:
     # The lse is not differentiable (as in FlashAttention-2): its gradient, if any, is ignored.
     if grad_out is None:  # no gradient reached out (grads are not materialized)
-        return (None,) * 9
+        return (None,) * len(ctx.needs_input_grad)
     q, k, v, out, lse = ctx.saved_tensors
     dq, dk, dv = _bwd_op(_grad_ready(grad_out), q, k, v, out, lse, *ctx.options, ctx.deterministic)
     return dq, dk, dv, None, None, None, None, None, None
@@ -300,7 +300,7 @@ def _varlen_fwd_setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
 
 def _varlen_fwd_backward(ctx: Any, grad_out: Optional[Tensor], grad_lse: Optional[Tensor]) -> tuple:
     if grad_out is None:
-        return (None,) * 13
+        return (None,) * len(ctx.needs_input_grad)
     q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
     dq, dk, dv = _varlen_bwd_op(_grad_ready(grad_out), q, k, v, out, lse, cu_q, cu_k, *ctx.sizes, *ctx.options,
                                  ctx.deterministic)
