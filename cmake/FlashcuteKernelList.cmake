@@ -135,13 +135,15 @@ foreach(_family IN LISTS FLASHCUTE_FAMILIES)
           list(APPEND _sources "${_flashcute_generated_dir}/${KERNEL_NAME}_kvcache.cu")
           list(APPEND FLASHCUTE_KERNEL_NAMES "${KERNEL_NAME}_kvcache")
         endif()
-        if(_family STREQUAL "sm80" AND _kind STREQUAL "splitkv")  # decode calls: sm80::launch_splitkv_decode
-          set(KERNEL_TILES "_decode")
-          set(KERNEL_TILES_NOTE ", decode")
-          configure_file("${PROJECT_SOURCE_DIR}/src/kernel.cu.in" "${_flashcute_generated_dir}/${KERNEL_NAME}_decode.cu"
-                         @ONLY)
-          list(APPEND _sources "${_flashcute_generated_dir}/${KERNEL_NAME}_decode.cu")
-          list(APPEND FLASHCUTE_KERNEL_NAMES "${KERNEL_NAME}_decode")
+        if(_family STREQUAL "sm80" AND _kind STREQUAL "splitkv")  # decode calls: sm80::launch_splitkv_decode(_paged)
+          foreach(_twin decode decode_paged)
+            set(KERNEL_TILES "_${_twin}")
+            string(REPLACE "_" ", " KERNEL_TILES_NOTE ", ${_twin}")
+            configure_file("${PROJECT_SOURCE_DIR}/src/kernel.cu.in" "${_flashcute_generated_dir}/${KERNEL_NAME}_${_twin}.cu"
+                           @ONLY)
+            list(APPEND _sources "${_flashcute_generated_dir}/${KERNEL_NAME}_${_twin}.cu")
+            list(APPEND FLASHCUTE_KERNEL_NAMES "${KERNEL_NAME}_${_twin}")
+          endforeach()
         endif()
         list(APPEND _flashcute_kernel_entries
              "FLASHCUTE_KERNEL(${_family_enum}, ${_direction_enum}, ${KERNEL_DTYPE}, ${_hdim}${_variant_arg})")

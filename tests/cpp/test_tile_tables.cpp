@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdlib>
+#include <string>
 #include <utility>
 
 #include "flashcute/host/api.hpp"
@@ -36,16 +37,27 @@ TEST(TileTable, EveryCatalogHeadDimHasAValidSplitKvConfig) {
   }
 }
 
-TEST(TileTable, EveryCatalogHeadDimHasAValidDecodeConfig) {
+TEST(TileTable, EveryCatalogHeadDimHasValidDecodeConfigs) {
+  using flashcute::sm80::KvLayout;
   for (int hd : flashcute::kKernelHeadDims) {
-    const FwdConfig cfg = flashcute::sm80::decode_splitkv_config(hd);
-    FwdConfig plain = cfg;
-    plain.warp_split = false;
-    EXPECT_TRUE(cfg.warp_split) << "head dim " << hd;
-    EXPECT_EQ(plain.smem_bytes(), flashcute::sm80::default_splitkv_config(hd).smem_bytes()) << "head dim " << hd;
-    const char* err = flashcute::sm80::validate(cfg);
-    EXPECT_EQ(err, nullptr) << "head dim " << hd << ": " << err;
+    for (bool paged : {false, true}) {
+      const FwdConfig cfg = flashcute::sm80::decode_splitkv_config(hd, paged);
+      FwdConfig plain = cfg;
+      plain.warp_split = false;
+      EXPECT_TRUE(cfg.warp_split) << "head dim " << hd;
+      EXPECT_EQ(cfg.kv_layout, paged ? KvLayout::kPaged : KvLayout::kContiguous) << "head dim " << hd;
+      EXPECT_EQ(plain.smem_bytes(), flashcute::sm80::default_splitkv_config(hd).smem_bytes()) << "head dim " << hd;
+      const char* err = flashcute::sm80::validate(cfg);
+      EXPECT_EQ(err, nullptr) << "head dim " << hd << ": " << err;
+    }
   }
+}
+
+TEST(TileTable, KvLayoutNeedsTheKvCacheKernel) {
+  FwdConfig cfg = flashcute::sm80::default_fwd_config(128);
+  cfg.kv_layout = flashcute::sm80::KvLayout::kPaged;
+  ASSERT_NE(flashcute::sm80::validate(cfg), nullptr);
+  EXPECT_NE(std::string(flashcute::sm80::validate(cfg)).find("kv_layout"), std::string::npos);
 }
 
 TEST(TileTable, ValidateNamesTheBrokenRule) {

@@ -27,10 +27,13 @@ Status launch_bwd(const BwdParams& params, cudaStream_t stream);
 // The forward's variant Variant::kSplitkv (sm80/launch_splitkv.hpp).
 template <DType kDType, int kHeadDim>
 Status launch_splitkv(const FwdParams& params, cudaStream_t stream);
-// Its decode twin (sm80/config.hpp, decode_splitkv_config), for calls of at most kDecodeRows
-// query rows: one more generated TU for each compiled KV-cache kernel.
+// Its decode twins (sm80/config.hpp, decode_splitkv_config), for calls of at most kDecodeRows
+// query rows, one for contiguous caches and one for paged ones: two more generated TUs for each
+// compiled KV-cache kernel.
 template <DType kDType, int kHeadDim>
 Status launch_splitkv_decode(const FwdParams& params, cudaStream_t stream);
+template <DType kDType, int kHeadDim>
+Status launch_splitkv_decode_paged(const FwdParams& params, cudaStream_t stream);
 // The KV-cache call's append and combine (sm80/kernel_kvcache.hpp), every dtype in one function
 // each: instantiated (<0>) in src/kvcache.cu.
 template <int kUnused>

@@ -94,7 +94,10 @@ Status launch_kernel(const Params& params, cudaStream_t stream) {
     record_forward_tile(kBase.block_m, kBase.block_n);
     return sm90::launch_fwd<kKey.dtype, kKey.head_dim>(params, stream);
   } else if constexpr (kKey.variant == Variant::kSplitkv) {
-    if (params.seqlen_q <= sm80::kDecodeRows) return sm80::launch_splitkv_decode<kKey.dtype, kKey.head_dim>(params, stream);
+    if (params.seqlen_q <= sm80::kDecodeRows) {
+      if (params.block_table != nullptr) return sm80::launch_splitkv_decode_paged<kKey.dtype, kKey.head_dim>(params, stream);
+      return sm80::launch_splitkv_decode<kKey.dtype, kKey.head_dim>(params, stream);
+    }
     return sm80::launch_splitkv<kKey.dtype, kKey.head_dim>(params, stream);
   } else if constexpr (kKey.direction == Direction::kFwd) {
     constexpr sm80::FwdConfig kBase = sm80::default_fwd_config(kKey.head_dim);

@@ -10,6 +10,10 @@
 
 namespace flashcute::sm80 {
 
+// The caches a KV-cache kernel reads: either (params.block_table decides at run time), or one
+// layout only, so that the kernel holds one kind of K/V load (the decode twins).
+enum class KvLayout { kAny, kContiguous, kPaged };
+
 struct FwdConfig {
   int head_dim;   // columns of Q/K/V tiles held in shared memory
   int block_m;    // query rows per CTA
@@ -39,18 +43,22 @@ struct FwdConfig {
   // takes those rows and a quarter of each key block, and the warps' partials are merged at the
   // end (instead of rows stacked by warp, three warps of four on rows that do not exist).
   bool warp_split = false;
+  // The KV-cache kernel's caches. The decode twins are built once per layout: a decode CTA is
+  // short and fetches its code cold, so the other layout's loads cost it time (docs/perf-notes.md,
+  // decode, v39).
+  KvLayout kv_layout = KvLayout::kAny;
 
   constexpr int num_threads() const { return num_warps * 32; }
   // Shared memory row atom: 64 halves (128 B) when the head dim allows, else 32 (64 B).
   constexpr int smem_atom_cols() const { return head_dim % 64 == 0 ? 64 : 32; }
-  // Dynamic shared memory: the Q tile, kv_stages K and V tiles, then for the KV-cache kernel one
-  // key block's page slots (pages hold at least 16 keys; a K and a V address each, 16 bytes) from
-  // page_slots_offset() on.
+  // Dynamic shared memory: the Q tile, kv_stages K and V tiles, then for the KV-cache kernel
+  // kv_stages key blocks' page slots (pages hold at least 16 keys; a K and a V address each, 16
+  // bytes) from page_slots_offset() on.
   constexpr int page_slots_offset(int element_bytes = 2) const {
     return (block_m + 2 * kv_stages * block_n) * head_dim * element_bytes;
   }
   constexpr int smem_bytes(int element_bytes = 2) const {
-    return page_slots_offset(element_bytes) + (split_kv ? block_n / 16 * 16 : 0);
+    return page_slots_offset(element_bytes) + (split_kv ? kv_stages * (block_n / 16) * 16 : 0);
   }
 };
 
@@ -64,6 +72,7 @@ constexpr const char* validate(FwdConfig cfg) {
     return "kv_stages must be 1, or at least 2 for the KV-cache kernel (split_kv)";
   if (cfg.warp_split && (!cfg.split_kv || cfg.num_warps != 4 || cfg.block_n % 64 != 0))
     return "warp_split needs split_kv, 4 warps and block_n a multiple of 64 (a warp's quarter in k16 steps)";
+  if (cfg.kv_layout != KvLayout::kAny && !cfg.split_kv) return "kv_layout applies to the KV-cache kernel (split_kv) only";
   if (cfg.smem_bytes() > 227 * 1024) return "tiles exceed the 227 KB shared-memory limit";
   // The cp.async loader moves 16 B per thread per step; one step must cover whole rows.
   if ((cfg.num_threads() * 8) % cfg.smem_atom_cols() != 0) return "loader threads must tile a shared-memory row atom";
@@ -117,10 +126,12 @@ constexpr FwdConfig default_splitkv_config(int head_dim) {
 inline constexpr int kDecodeRows = 16;
 // Its tiles: the KV-cache kernel's. A kernel of its own, not a runtime branch of that one: with
 // both loops in one kernel the decode loop sat past the other in the code, and each short-lived
-// CTA stalled on instruction fetches (docs/perf-notes.md, decode).
-constexpr FwdConfig decode_splitkv_config(int head_dim) {
+// CTA stalled on instruction fetches (docs/perf-notes.md, decode). For the same reason one twin
+// reads contiguous caches and another paged ones.
+constexpr FwdConfig decode_splitkv_config(int head_dim, bool paged) {
   FwdConfig cfg = default_splitkv_config(head_dim);
   cfg.warp_split = cfg.head_dim != 0;
+  cfg.kv_layout = cfg.head_dim == 0 ? KvLayout::kAny : (paged ? KvLayout::kPaged : KvLayout::kContiguous);
   return cfg;
 }
 

@@ -58,12 +58,14 @@ CUTE_DEVICE void cp_async_if(bool issue, uint32_t smem, void const* gmem, int sr
 // load_tile for a tile whose rows are not evenly spaced in memory (a paged KV cache). src is the
 // partition of the tile as if its rows were contiguous: its addresses serve only the rows past
 // max_rows, zero-filled without a read. row_at(m, r) gives the GatherRow of the thread's m-th row
-// (tile row r). Called once per row, only for the rows that are loaded, all of them before the
-// first copy. A row that may not be read issues no cp.async; kNanBad (a K tile) fills it with
+// (tile row r). Called once per row, all of them before the first copy: only for the rows that are
+// loaded, or with kEveryRow for every row (row_at must then be safe on rows past max_rows, and
+// cheap: the rows need no branch around it). A row that may not be read issues no cp.async; kNanBad (a K tile) fills it with
 // NaN, so every score that sees it is NaN, else (a V tile) with zeros. The fill is the one branch,
 // taken only where a page is bad; its stores are plain: the barrier before every read of the tile
 // publishes them.
-template <bool kCheckRows, bool kNanBad, class SrcTensor, class DstTensor, class CoordTensor, class RowAt>
+template <bool kCheckRows, bool kNanBad, bool kEveryRow = false, class SrcTensor, class DstTensor, class CoordTensor,
+          class RowAt>
 CUTE_DEVICE void load_tile_gather(SrcTensor const& src, DstTensor&& dst, CoordTensor const& coord, RowAt const& row_at,
                                   int max_rows, int max_cols) {
   using Element = std::remove_cv_t<typename std::decay_t<SrcTensor>::value_type>;
@@ -80,7 +82,13 @@ CUTE_DEVICE void load_tile_gather(SrcTensor const& src, DstTensor&& dst, CoordTe
   for (int m = 0; m < kRows; ++m) {
     const int row = cute::get<0>(coord(0, m, 0));
     row_in[m] = !kCheckRows || row < max_rows;
-    at[m] = row_in[m] ? row_at(m, row) : GatherRow<Element>{&src(0, m, 0), true};  // past the end: zero-filled
+    const GatherRow<Element> past_end{&src(0, m, 0), true};  // zero-filled
+    if constexpr (kEveryRow) {
+      const GatherRow<Element> found = row_at(m, row);
+      at[m] = row_in[m] ? found : past_end;
+    } else {
+      at[m] = row_in[m] ? row_at(m, row) : past_end;
+    }
     any_bad |= !at[m].ok;
   }
   CUTE_UNROLL

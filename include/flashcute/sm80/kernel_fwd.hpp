@@ -139,17 +139,31 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
   // the block's slots in s_slots (one thread a page, read from the table during the step before):
   // for each page the block touches, the addresses of its first key there in K and in V (0: not
   // in the cache), so that a row's address is a shared-memory load and a multiply-add
-  // (docs/perf-notes.md, decode).
-  const bool paged = Traits::kSplitKv && params.block_table != nullptr;
+  // (docs/perf-notes.md, decode). The paged decode twin (KvLayout::kPaged) finds the prologue's
+  // rows through slots too, a slot region per block.
+  constexpr KvLayout kLayout = Traits::kKvLayout;
+  const bool paged = Traits::kSplitKv && (kLayout == KvLayout::kPaged ||
+                                          (kLayout == KvLayout::kAny && params.block_table != nullptr));
   const PagedKv pages(params, batch);  // read only when paged
   int row_page[decltype(size<1>(tKVcKV))::value];  // the page of each row this thread loads
-  // (kBlockN / 16, 2): one block's slots, K's address then V's
+  // (kKvStages, kBlockN / 16, 2): the slots of kKvStages blocks, K's address then V's
   static_assert(Traits::kPageSlotsOffset % 8 == 0, "the page slots are 8-byte words");
+  constexpr int kSlotWords = 2 * (kBlockN / 16);  // one block's slots: pages hold at least 16 keys
   uint64_t* s_slots = reinterpret_cast<uint64_t*>(smem_buf + Traits::kPageSlotsOffset);
   constexpr std::true_type kSlots{};     // a paged load finds its rows through s_slots (main loop)
   constexpr std::false_type kNoSlots{};  // ... through the block table (prologue), or not paged
+  // The slots (K, V) of the page the table gave as `page`, for key0, the block's first key on it.
+  auto slots_of = [&](int page, int key0) FLASHCUTE_INLINE {
+    const auto slot = [&](Element const* base, int64_t page_stride, int64_t row_stride) {
+      return pages.valid(page) ? reinterpret_cast<uint64_t>(base + pages.offset(page, key0, page_stride, row_stride))
+                               : uint64_t{0};
+    };
+    return cute::make_tuple(slot(k_ptr, params.k_batch_stride, params.k_row_stride),
+                            slot(v_ptr, params.v_batch_stride, params.v_row_stride));
+  };
   auto load_kv = [&](auto& tXgX, auto& tXsX, Element const* base, int n_block, auto check_rows_tag, int max_rows,
-                     int64_t page_stride, int64_t row_stride, auto is_k_tag, auto from_slots_tag) FLASHCUTE_INLINE {
+                     int64_t page_stride, int64_t row_stride, auto is_k_tag, auto from_slots_tag,
+                     int slot_region) FLASHCUTE_INLINE {
     constexpr bool kCheckRows = decltype(check_rows_tag)::value;
     [[maybe_unused]] constexpr bool kIsK = decltype(is_k_tag)::value;  // K: look the pages up, NaN-fill bad rows
     [[maybe_unused]] constexpr bool kFromSlots = decltype(from_slots_tag)::value;
@@ -157,7 +171,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
       if (paged) {
         auto row_at = [&](int m, int r) {
           if constexpr (kFromSlots) {  // block row r is r rows past its slot's first key on the page
-            const uint64_t first = s_slots[2 * (r >> pages.log2) + (kIsK ? 0 : 1)];
+            const uint64_t first = s_slots[slot_region * kSlotWords + 2 * (r >> pages.log2) + (kIsK ? 0 : 1)];
             const uint64_t row = first + pages.on_page(r) * uint64_t(row_stride * sizeof(Element));
             return GatherRow<Element>{reinterpret_cast<Element const*>(row), first != 0};
           } else {
@@ -167,21 +181,26 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
                                       pages.valid(row_page[m])};
           }
         };
-        load_tile_gather<kCheckRows, kIsK>(tXgX(_, _, _, 0), tXsX, tKVcKV, row_at, max_rows, params.head_dim);
+        // Through the slots every row of the block has an address (a slot region holds all the
+        // block's pages), so no row needs a branch.
+        load_tile_gather<kCheckRows, kIsK, kFromSlots>(tXgX(_, _, _, 0), tXsX, tKVcKV, row_at, max_rows,
+                                                       params.head_dim);
         return;
       }
     }
     load_tile<kCheckRows>(gmem_tiled_copy, tXgX(_, _, _, n_block), tXsX, tKVcKV, max_rows, params.head_dim);
   };
-  auto load_k = [&](int n_block, auto check_rows_tag, int max_rows, auto from_slots_tag) FLASHCUTE_INLINE {
+  auto load_k = [&](int n_block, auto check_rows_tag, int max_rows, auto from_slots_tag,
+                    int slot_region = 0) FLASHCUTE_INLINE {
     auto tKsK_stage = at_stage(tKsK, stage_of(n_block));
     load_kv(tKgK, tKsK_stage, k_ptr, n_block, check_rows_tag, max_rows, params.k_batch_stride, params.k_row_stride,
-            std::true_type{}, from_slots_tag);
+            std::true_type{}, from_slots_tag, slot_region);
   };
-  auto load_v = [&](int n_block, auto check_rows_tag, int max_rows, auto from_slots_tag) FLASHCUTE_INLINE {
+  auto load_v = [&](int n_block, auto check_rows_tag, int max_rows, auto from_slots_tag,
+                    int slot_region = 0) FLASHCUTE_INLINE {
     auto tVsV_stage = at_stage(tVsV, stage_of(n_block));
     load_kv(tVgV, tVsV_stage, v_ptr, n_block, check_rows_tag, max_rows, params.v_batch_stride, params.v_row_stride,
-            std::false_type{}, from_slots_tag);
+            std::false_type{}, from_slots_tag, slot_region);
   };
 
   // Tensor cores: register fragments and the ldmatrix views that fill them. thr_mma's rows are
@@ -223,31 +242,68 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
   CUTE_STATIC_ASSERT_V(size<2>(tOrVt) == Int<kMmaN / 16>{});         // k16 slices of a warp's keys of a block
 
   // Prologue: Q and the last (possibly ragged) K block.
-  load_tile<true>(gmem_tiled_copy, tQgQ, tQsQ, tQcQ, q_rows, params.head_dim);
-  // After an append (sm80/kernel_kvcache.hpp) the KV-cache kernel is launched as its dependent
-  // (launch_fwd.hpp): it reads K and V once the append has written them.
-  if constexpr (Traits::kSplitKv) wait_for_primary();
-  if constexpr (Traits::kQInRegs) cp_async_fence();  // Q in a group of its own
-  if (n_block_max > n_block_min) {
-    const int n0 = (n_block_max - 1) * kBlockN;
-    load_k(n_block_max - 1, std::true_type{}, seq.seqlen_k - n0, kNoSlots);
-  }
-  cp_async_fence();
-  if constexpr (Traits::kSplitKv) {
-    // The KV-cache kernel keeps kKvStages (K, V) pairs in flight: the last block's V, then the
-    // pairs before it, each tile a group of its own (step_kv counts them).
+  if constexpr (kLayout == KvLayout::kPaged) {
+    // The paged twin: the slots of the prologue's kKvStages blocks (region i for block
+    // n_block_max - 1 - i), one thread a page, the table read before Q's copies are issued; then
+    // the blocks' K and V in one loop, rows checked in each (only the first is ragged): a decode
+    // CTA fetches this code cold, so one copy of the loads beats one a block (docs/perf-notes.md, decode).
+    static_assert((kBlockN & (kBlockN - 1)) == 0, "paged key blocks are a power of two");
+    constexpr int kLog2BlockN = int(cute::log_2(unsigned(kBlockN)));
+    const int log2_pages_a_block = max(0, kLog2BlockN - pages.log2);  // pages hold at least 16 keys
+    const int region = tid >> log2_pages_a_block;
+    const int on_block = tid & ((1 << log2_pages_a_block) - 1);
+    const bool fetch = region < kKvStages;
+    int page = 0, key0 = 0;
+    if (fetch) {  // this thread's page's first key in its block; the table index is clamped into the table
+      key0 = max(n_block_max - 1 - region, 0) * kBlockN + (on_block << pages.log2);
+      page = pages.page_of(key0);
+    }
+    load_tile<true>(gmem_tiled_copy, tQgQ, tQsQ, tQcQ, q_rows, params.head_dim);
+    // Launched as the append's dependent (below); the block table is not the append's to write.
+    wait_for_primary();
+    if (fetch) {
+      const auto slots = slots_of(page, key0);
+      s_slots[region * kSlotWords + 2 * on_block] = cute::get<0>(slots);
+      s_slots[region * kSlotWords + 2 * on_block + 1] = cute::get<1>(slots);
+    }
+    // The prologue's slots are stored for every thread.
+    __syncthreads();
+#pragma unroll 1
+    for (int i = 0; i < kKvStages; ++i) {
+      const int n_block = n_block_max - 1 - i;
+      const int rows = min(kBlockN, seq.seqlen_k - n_block * kBlockN);
+      if (n_block >= n_block_min) load_k(n_block, std::true_type{}, rows, kSlots, i);
+      cp_async_fence();
+      if (n_block >= n_block_min) load_v(n_block, std::true_type{}, rows, kSlots, i);
+      cp_async_fence();
+    }
+  } else {
+    load_tile<true>(gmem_tiled_copy, tQgQ, tQsQ, tQcQ, q_rows, params.head_dim);
+    // After an append (sm80/kernel_kvcache.hpp) the KV-cache kernel is launched as its dependent
+    // (launch_fwd.hpp): it reads K and V once the append has written them.
+    if constexpr (Traits::kSplitKv) wait_for_primary();
+    if constexpr (Traits::kQInRegs) cp_async_fence();  // Q in a group of its own
     if (n_block_max > n_block_min) {
       const int n0 = (n_block_max - 1) * kBlockN;
-      load_v(n_block_max - 1, std::true_type{}, seq.seqlen_k - n0, kNoSlots);
+      load_k(n_block_max - 1, std::true_type{}, seq.seqlen_k - n0, kNoSlots);
     }
     cp_async_fence();
-    CUTE_UNROLL
-    for (int i = 1; i < kKvStages; ++i) {
-      const int n_block = n_block_max - 1 - i;
-      if (n_block >= n_block_min) load_k(n_block, std::false_type{}, kBlockN, kNoSlots);
+    if constexpr (Traits::kSplitKv) {
+      // The KV-cache kernel keeps kKvStages (K, V) pairs in flight: the last block's V, then the
+      // pairs before it, each tile a group of its own (step_kv counts them).
+      if (n_block_max > n_block_min) {
+        const int n0 = (n_block_max - 1) * kBlockN;
+        load_v(n_block_max - 1, std::true_type{}, seq.seqlen_k - n0, kNoSlots);
+      }
       cp_async_fence();
-      if (n_block >= n_block_min) load_v(n_block, std::false_type{}, kBlockN, kNoSlots);
-      cp_async_fence();
+      CUTE_UNROLL
+      for (int i = 1; i < kKvStages; ++i) {
+        const int n_block = n_block_max - 1 - i;
+        if (n_block >= n_block_min) load_k(n_block, std::false_type{}, kBlockN, kNoSlots);
+        cp_async_fence();
+        if (n_block >= n_block_min) load_v(n_block, std::false_type{}, kBlockN, kNoSlots);
+        cp_async_fence();
+      }
     }
   }
   if constexpr (Traits::kQInRegs) {
@@ -348,14 +404,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
     // The fetched slots, once the table entry has had Q K^T's time to arrive. The loads of the
     // step before read the old slots before the barrier above.
     if (fetch_page) {
-      const int key0 = n_next * kBlockN + (tid << pages.log2);  // the block's first key on this page
-      const auto slot = [&](Element const* base, int64_t page_stride, int64_t row_stride) {
-        return pages.valid(next_page)
-                   ? reinterpret_cast<uint64_t>(base + pages.offset(next_page, key0, page_stride, row_stride))
-                   : uint64_t{0};
-      };
-      s_slots[2 * tid] = slot(k_ptr, params.k_batch_stride, params.k_row_stride);
-      s_slots[2 * tid + 1] = slot(v_ptr, params.v_batch_stride, params.v_row_stride);
+      const auto slots = slots_of(next_page, n_next * kBlockN + (tid << pages.log2));  // the block's first key on this page
+      s_slots[2 * tid] = cute::get<0>(slots);
+      s_slots[2 * tid + 1] = cute::get<1>(slots);
     }
     cp_async_wait<2 * kKvStages - 2>();
     // V[n_block] has landed for every thread.

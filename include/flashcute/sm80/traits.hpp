@@ -42,6 +42,7 @@ struct FwdTraits {
   static constexpr bool kSplitKv = kCfg.split_kv;
   static constexpr int kKvStages = kCfg.kv_stages;
   static constexpr bool kWarpSplit = kCfg.warp_split;
+  static constexpr KvLayout kKvLayout = kCfg.kv_layout;
   static constexpr int kSmemBytes = kCfg.smem_bytes(int(sizeof(Element)));
   static constexpr int kPageSlotsOffset = kCfg.page_slots_offset(int(sizeof(Element)));
 
