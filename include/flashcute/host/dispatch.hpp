@@ -95,7 +95,8 @@ Status launch_kernel(const Params& params, cudaStream_t stream) {
     return sm90::launch_fwd<kKey.dtype, kKey.head_dim>(params, stream);
   } else if constexpr (kKey.variant == Variant::kSplitkv) {
     if (params.seqlen_q <= sm80::kDecodeRows) {
-      if (params.block_table != nullptr) return sm80::launch_splitkv_decode_paged<kKey.dtype, kKey.head_dim>(params, stream);
+      if (params.block_table != nullptr)
+        return sm80::launch_splitkv_decode_paged<kKey.dtype, kKey.head_dim>(params, stream);
       return sm80::launch_splitkv_decode<kKey.dtype, kKey.head_dim>(params, stream);
     }
     return sm80::launch_splitkv<kKey.dtype, kKey.head_dim>(params, stream);

@@ -72,7 +72,8 @@ constexpr const char* validate(FwdConfig cfg) {
     return "kv_stages must be 1, or at least 2 for the KV-cache kernel (split_kv)";
   if (cfg.warp_split && (!cfg.split_kv || cfg.num_warps != 4 || cfg.block_n % 64 != 0))
     return "warp_split needs split_kv, 4 warps and block_n a multiple of 64 (a warp's quarter in k16 steps)";
-  if (cfg.kv_layout != KvLayout::kAny && !cfg.split_kv) return "kv_layout applies to the KV-cache kernel (split_kv) only";
+  if (cfg.kv_layout != KvLayout::kAny && !cfg.split_kv)
+    return "kv_layout applies to the KV-cache kernel (split_kv) only";
   if (cfg.smem_bytes() > 227 * 1024) return "tiles exceed the 227 KB shared-memory limit";
   // The cp.async loader moves 16 B per thread per step; one step must cover whole rows.
   if ((cfg.num_threads() * 8) % cfg.smem_atom_cols() != 0) return "loader threads must tile a shared-memory row atom";

@@ -60,8 +60,9 @@ CUTE_DEVICE void cp_async_if(bool issue, uint32_t smem, void const* gmem, int sr
 // max_rows, zero-filled without a read. row_at(m, r) gives the GatherRow of the thread's m-th row
 // (tile row r). Called once per row, all of them before the first copy: only for the rows that are
 // loaded, or with kEveryRow for every row (row_at must then be safe on rows past max_rows, and
-// cheap: the rows need no branch around it). A row that may not be read issues no cp.async; kNanBad (a K tile) fills it with
-// NaN, so every score that sees it is NaN, else (a V tile) with zeros. The fill is the one branch,
+// cheap: the rows need no branch around it). A row that may not be read issues no cp.async;
+// kNanBad (a K tile) fills it with NaN, so every score that sees it is NaN, else (a V tile) with
+// zeros. The fill is the one branch,
 // taken only where a page is bad; its stores are plain: the barrier before every read of the tile
 // publishes them.
 template <bool kCheckRows, bool kNanBad, bool kEveryRow = false, class SrcTensor, class DstTensor, class CoordTensor,

@@ -404,7 +404,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, Traits::kMinCtasPerSm)
     // The fetched slots, once the table entry has had Q K^T's time to arrive. The loads of the
     // step before read the old slots before the barrier above.
     if (fetch_page) {
-      const auto slots = slots_of(next_page, n_next * kBlockN + (tid << pages.log2));  // the block's first key on this page
+      // The block's first key on this thread's page.
+      const auto slots = slots_of(next_page, n_next * kBlockN + (tid << pages.log2));
       s_slots[2 * tid] = cute::get<0>(slots);
       s_slots[2 * tid + 1] = cute::get<1>(slots);
     }

@@ -1,7 +1,8 @@
 // flashcute/sm80/launch_splitkv.hpp: host-side launch of one sm80 KV-cache (split-KV) kernel.
 //
 // Defines sm80::launch_splitkv<dtype, head dim> and its decode twins launch_splitkv_decode
-// (contiguous caches) and launch_splitkv_decode_paged, which common/launch.hpp declares; a generated translation unit instantiates one (see launch_fwd.hpp).
+// (contiguous caches) and launch_splitkv_decode_paged, which common/launch.hpp declares; a
+// generated translation unit instantiates one (see launch_fwd.hpp).
 // The forward's variant Variant::kSplitkv: the same kernel as the forward, built from the KV-cache
 // tile table (default_splitkv_config; decode_splitkv_config for calls of at most kDecodeRows query
 // rows, which host/dispatch.hpp sends to the twin). The append before it and the combine after it
