@@ -62,9 +62,8 @@ CUTE_DEVICE void cp_async_if(bool issue, uint32_t smem, void const* gmem, int sr
 // loaded, or with kEveryRow for every row (row_at must then be safe on rows past max_rows, and
 // cheap: the rows need no branch around it). A row that may not be read issues no cp.async;
 // kNanBad (a K tile) fills it with NaN, so every score that sees it is NaN, else (a V tile) with
-// zeros. The fill is the one branch,
-// taken only where a page is bad; its stores are plain: the barrier before every read of the tile
-// publishes them.
+// zeros. The fill is the one branch, taken only where a page is bad; its stores are plain: the
+// barrier before every read of the tile publishes them.
 template <bool kCheckRows, bool kNanBad, bool kEveryRow = false, class SrcTensor, class DstTensor, class CoordTensor,
           class RowAt>
 CUTE_DEVICE void load_tile_gather(SrcTensor const& src, DstTensor&& dst, CoordTensor const& coord, RowAt const& row_at,
